@@ -1,0 +1,25 @@
+# Finds what accel::accel needs and defines accel_link_dependencies(target).
+# Shared by the build tree and the installed accelConfig.cmake so both agree.
+include(CMakeFindDependencyMacro)
+include(GNUInstallDirs)
+
+if(NOT TARGET torch)
+  find_dependency(Torch)
+endif()
+find_dependency(Boost)
+find_dependency(nlohmann_json)
+if(NOT DEFINED ACCEL_WITH_MPI OR ACCEL_WITH_MPI)
+  find_package(MPI QUIET COMPONENTS CXX)
+endif()
+
+function(accel_link_dependencies target)
+  target_link_libraries(${target} INTERFACE torch Boost::headers nlohmann_json::nlohmann_json)
+  # A CUDA build of LibTorch brings NCCL: backend::Nccl becomes available.
+  if(TORCH_CUDA_LIBRARIES)
+    target_compile_definitions(${target} INTERFACE ACCEL_WITH_NCCL=1 ACCEL_WITH_CUDA=1)
+  endif()
+  if(MPI_CXX_FOUND)
+    target_link_libraries(${target} INTERFACE MPI::MPI_CXX)
+    target_compile_definitions(${target} INTERFACE ACCEL_WITH_MPI=1)
+  endif()
+endfunction()

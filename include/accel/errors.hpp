@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel's run-time exceptions and the ACCEL_CHECK macro.
+#ifndef ACCEL_ERRORS_HPP
+#define ACCEL_ERRORS_HPP
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace accel {
+
+/// Base of every run-time error accel raises. Messages follow one form:
+/// "accel: <what is wrong>. <what to do instead>."
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// A launched worker failed: names the rank and carries its message.
+class LaunchError : public Error {
+ public:
+  LaunchError(int rank, std::string message)
+      : Error("accel: process " + std::to_string(rank) + " failed: " + message),
+        rank_(rank), message_(std::move(message)) {}
+  int rank() const noexcept { return rank_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  int rank_;
+  std::string message_;
+};
+
+/// A configuration file or value is wrong: names the key (and line, when known).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective or rendezvous did not finish within the timeout.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <class... A>
+std::string concat(A&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<A>(parts));
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace accel
+
+/// Throws accel::Error with the streamed message parts when cond is false.
+#define ACCEL_CHECK(cond, ...)                                              \
+  do {                                                                      \
+    if (!(cond)) throw ::accel::Error(::accel::detail::concat(__VA_ARGS__)); \
+  } while (false)
+
+#endif  // ACCEL_ERRORS_HPP

@@ -1,0 +1,11 @@
+// Catch2's main for every test executable, made rank-aware: under mpirun or a
+// launcher each rank reports with its rank in the name of its output.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+int main(int argc, char* argv[]) {
+  // One intra-op thread: tests fork workers and two of them share 2 cores.
+  at::set_num_threads(1);
+  return Catch::Session().run(argc, argv);
+}
