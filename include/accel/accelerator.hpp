@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::Accelerator<Backend, Precision, Shard>: composes the
+/// three policies and exposes Accelerate's everyday API.
+#ifndef ACCEL_ACCELERATOR_HPP
+#define ACCEL_ACCELERATOR_HPP
+
+#include <filesystem>
+#include <map>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <accel/backend.hpp>
+#include <accel/checkpoint/save_model.hpp>
+#include <accel/compatibility.hpp>
+#include <accel/data.hpp>
+#include <accel/detail/training_state.hpp>
+#include <accel/errors.hpp>
+#include <accel/ops/collectives.hpp>
+#include <accel/options.hpp>
+#include <accel/precision.hpp>
+#include <accel/prepare.hpp>
+#include <accel/runtime/process_env.hpp>
+#include <accel/shard.hpp>
+#include <accel/shard/detail/bucket_reducer.hpp>
+
+namespace accel {
+
+namespace detail {
+inline bool env_flag(const char* name) {
+  auto v = runtime::detail::getenv_str(name);
+  if (!v) return false;
+  std::string s = *v;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
+}
+
+/// The parameters of a prepared model, or of a range of tensors.
+template <class T>
+std::vector<torch::Tensor> parameters_of(T&& params) {
+  if constexpr (requires { params.get()->parameters(); })
+    return params.get()->parameters();
+  else
+    return std::vector<torch::Tensor>(std::begin(params), std::end(params));
+}
+}  // namespace detail
+
+template <class Backend = backend::SingleDevice, class Precision = precision::Fp32,
+          class Shard = shard::Replicate>
+class Accelerator {
+  static constexpr bool valid_ = check_accelerator_policies<Backend, Precision, Shard>::value;
+
+ public:
+  using backend_type = Backend;
+  using precision_type = Precision;
+  using shard_type = Shard;
+
+  /// Reads rank and world from the environment (API.md section 5) and joins
+  /// the other processes through the backend.
+  explicit Accelerator(AcceleratorOptions options = {})
+      : options_(std::move(options)), state_(std::make_shared<detail::TrainingState>()) {
+    ACCEL_CHECK(options_.gradient_accumulation_steps >= 1,
+                "accel: gradient_accumulation_steps must be at least 1 (got ",
+                options_.gradient_accumulation_steps, "). Use 1 to step on every batch.");
+    if constexpr (Backend::multi_process) env_ = runtime::ProcessEnv::discover();
+    state_->device = Backend::device(env_);
+    if constexpr (Precision::loss_scaling) {
+      ACCEL_CHECK(state_->device.is_cuda(),
+                  "accel: precision::Fp16 needs a CUDA device (float16 autocast and loss scaling "
+                  "are CUDA features), and this process runs on ", state_->device,
+                  ". Use precision::Bf16 on CPU.");
+    }
+    if (state_->device.is_cuda()) torch::cuda::synchronize(state_->device.index());
+    state_->comm = Backend::make_communicator(env_, options_);
+    state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
+    debug_ = detail::env_flag("ACCEL_DEBUG_MODE");
+    if constexpr (Precision::loss_scaling) install_loss_scaler();
+  }
+
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  torch::Device device() const { return state_->device; }
+  int process_index() const { return env_.rank; }
+  int local_process_index() const { return env_.local_rank; }
+  int num_processes() const { return env_.world_size; }
+  bool is_main_process() const { return env_.rank == 0; }
+  bool is_local_main_process() const { return env_.local_rank == 0; }
+  bool is_last_process() const { return env_.rank == env_.world_size - 1; }
+  const AcceleratorOptions& options() const { return options_; }
+  int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
+  /// The communicator every collective of this Accelerator goes through.
+  runtime::Communicator& communicator() const { return *state_->comm; }
+
+  /// Hands back each argument prepared, in the order given (see API.md §3):
+  /// models on device() with synchronised gradients, optimizers that step
+  /// only when they should, loaders sharded across ranks, schedulers that
+  /// advance once per real optimizer step.
+  template <class... Ts>
+  auto prepare(Ts&&... objects) {
+    constexpr bool supported =
+        ((detail::prepare_kind<std::remove_cvref_t<Ts>>() != PrepareKind::Unsupported) && ...);
+    if constexpr (supported) {
+      using result = detail::prepare_result_t<Ts...>;
+      static_assert(std::tuple_size_v<result> == sizeof...(Ts));
+      // Braced initialisation evaluates left to right: models before the
+      // optimizers that refer to their parameters.
+      return result{prepare_one(std::forward<Ts>(objects))...};
+    } else {
+      // Instantiates the diagnostic that names the position and type.
+      return detail::prepare_result_t<Ts...>{};
+    }
+  }
+
+  /// Divides the loss by the accumulation steps, scales it (Fp16), runs backward.
+  void backward(const torch::Tensor& loss) {
+    auto l = loss;
+    if (options_.gradient_accumulation_steps > 1) l = l / options_.gradient_accumulation_steps;
+    if constexpr (Precision::loss_scaling) l = scaler_->scale(l);
+    l.backward();
+  }
+
+  /// The precision policy's autocast for user code (prepared models already
+  /// run under it).
+  [[nodiscard]] precision::AutocastGuard autocast() const {
+    return precision::AutocastGuard(state_->device.type(), Precision::autocast_dtype,
+                                    Precision::autocast);
+  }
+
+  class AccumulateGuard {
+   public:
+    AccumulateGuard(shard::detail::GradientSync& sync, bool sync_now) : sync_(&sync) {
+      sync_->set_sync_enabled(sync_now);
+    }
+    ~AccumulateGuard() {
+      if (sync_) sync_->set_sync_enabled(true);
+    }
+    AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
+    AccumulateGuard(const AccumulateGuard&) = delete;
+    AccumulateGuard& operator=(const AccumulateGuard&) = delete;
+    AccumulateGuard& operator=(AccumulateGuard&&) = delete;
+
+   private:
+    shard::detail::GradientSync* sync_;
+  };
+
+  /// Gradient accumulation: inside, gradients are synchronised (and the
+  /// optimizer steps) only on every gradient_accumulation_steps-th entry or on
+  /// the last batch of the loader; other entries do no communication at all.
+  template <class M>
+  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>& model) {
+    const auto* loader = data::active_loader_state();
+    bool sync;
+    if (loader != nullptr && loader->end_of_dataloader) {
+      state_->micro_step = 0;
+      sync = true;
+    } else {
+      ++state_->micro_step;
+      sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
+    }
+    state_->sync_gradients = sync;
+    return AccumulateGuard(model.gradient_sync(), sync);
+  }
+
+  bool sync_gradients() const { return state_->sync_gradients; }
+  bool optimizer_step_was_skipped() const { return state_->last_step_skipped; }
+
+  /// Clips the global gradient norm (after the gradients are averaged and,
+  /// for Fp16, unscaled once). A no-op returning 0 on the non-sync
+  /// micro-steps of accumulate(): clipping belongs to the step that syncs.
+  template <class Params>
+  double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
+    if (!state_->sync_gradients) return 0.0;
+    auto ps = detail::parameters_of(std::forward<Params>(params));
+    prepare_gradients_for_clipping(ps);
+    return torch::nn::utils::clip_grad_norm_(ps, max_norm, norm_type);
+  }
+
+  template <class Params>
+  void clip_grad_value_(Params&& params, double clip_value) {
+    if (!state_->sync_gradients) return;
+    auto ps = detail::parameters_of(std::forward<Params>(params));
+    prepare_gradients_for_clipping(ps);
+    torch::nn::utils::clip_grad_value_(ps, clip_value);
+  }
+
+  torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
+
+  /// gather(), minus the samples that even_batches duplicated on the last
+  /// batch of the loader being iterated: exactly one result per dataset item.
+  torch::Tensor gather_for_metrics(const torch::Tensor& t) {
+    auto all = gather(t);
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
+        loader->remainder < all.size(0))
+      return all.narrow(0, 0, loader->remainder);
+    return all;
+  }
+
+  torch::Tensor reduce(const torch::Tensor& t, Reduction r = Reduction::Sum) {
+    return ops::reduce(*state_->comm, t, r);
+  }
+  torch::Tensor pad_across_processes(const torch::Tensor& t, int64_t dim = 0,
+                                     double pad_index = 0, bool pad_first = false) {
+    return ops::pad_across_processes(*state_->comm, t, dim, pad_index, pad_first);
+  }
+  torch::Tensor broadcast(const torch::Tensor& t, int src = 0) {
+    return ops::broadcast(*state_->comm, t, src);
+  }
+  void wait_for_everyone() { state_->comm->barrier(); }
+
+  class MainProcessFirst {
+   public:
+    MainProcessFirst(runtime::Communicator& comm, bool main) : comm_(&comm), main_(main) {
+      if (!main_) comm_->barrier();
+    }
+    ~MainProcessFirst() noexcept(false) {
+      if (comm_ && main_) comm_->barrier();
+    }
+    MainProcessFirst(MainProcessFirst&& o) noexcept
+        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_) {}
+    MainProcessFirst(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(MainProcessFirst&&) = delete;
+
+   private:
+    runtime::Communicator* comm_;
+    bool main_;
+  };
+  /// The main process runs the block first (downloads, preprocessing), the
+  /// others after it finished.
+  [[nodiscard]] MainProcessFirst main_process_first() {
+    return MainProcessFirst(*state_->comm, is_main_process());
+  }
+
+  /// Prints (to std::cout, one line) on the main process only.
+  template <class... A>
+  void print(A&&... args) {
+    if (!is_main_process()) return;
+    ((std::cout << std::forward<A>(args)), ...);
+    std::cout << std::endl;
+  }
+
+  template <class M>
+  M& unwrap_model(PreparedModel<M>& model) {
+    return model.module();
+  }
+
+  /// Writes the model's weights as safetensors (model.safetensors, or shards
+  /// plus model.safetensors.index.json), keys as the user's module names
+  /// them. The main process writes; everyone returns when the files exist.
+  template <class M>
+  void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
+                  SaveModelOptions opts = {}) {
+    state_->finalize_gradients();
+    if (is_main_process()) checkpoint::save_module(*model.get(), dir, opts);
+    wait_for_everyone();
+  }
+
+  template <class L>
+    requires data::is_data_loader_v<std::remove_cvref_t<L>>
+  auto skip_first_batches(L& loader, int64_t num_batches) {
+    return loader.skip_first_batches(num_batches);
+  }
+
+  void end_training() { wait_for_everyone(); }
+
+  /// The loss scaler of precision::Fp16 (nullptr otherwise).
+  precision::LossScaler* loss_scaler() const { return scaler_.get(); }
+
+ private:
+  template <class A>
+  auto prepare_one(A&& a) {
+    using T = std::remove_cvref_t<A>;
+    constexpr PrepareKind kind = detail::prepare_kind<T>();
+    if constexpr (kind == PrepareKind::Model) {
+      return prepare_model(T(std::forward<A>(a)));
+    } else if constexpr (kind == PrepareKind::Optimizer) {
+      return typename detail::prepared_type<0, T>::type(detail::share(std::forward<A>(a)), state_);
+    } else if constexpr (kind == PrepareKind::DataLoader) {
+      return prepare_loader(T(std::forward<A>(a)));
+    } else if constexpr (kind == PrepareKind::Scheduler) {
+      return typename detail::prepared_type<0, T>::type(detail::share(std::forward<A>(a)), state_,
+                                                        options_.step_scheduler_with_optimizer);
+    }
+  }
+
+  template <class M>
+  PreparedModel<M> prepare_model(M model) {
+    auto* module = detail::module_ptr(model);
+    module->to(state_->device);
+    std::shared_ptr<shard::detail::GradientSync> sync;
+    if (state_->comm->size() > 1) {
+      broadcast_from_main(module->parameters());
+      broadcast_from_main(module->buffers());
+      std::vector<torch::Tensor> trainable;
+      for (auto& p : module->parameters())
+        if (p.requires_grad()) trainable.push_back(p);
+      sync = std::make_shared<shard::detail::BucketReducer>(
+          std::move(trainable), state_->comm,
+          static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024));
+    } else {
+      sync = std::make_shared<shard::detail::NoSync>();
+    }
+    state_->syncs.push_back(sync);
+    return PreparedModel<M>(std::move(model), state_, std::move(sync), Precision::autocast,
+                            Precision::autocast_dtype);
+  }
+
+  template <class L>
+  L prepare_loader(L loader) {
+    if (state_->comm->size() > 1)
+      loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
+                                              options_.even_batches});
+    loader.set_device(state_->device);
+    return loader;
+  }
+
+  // Replicas start equal: rank 0's values, one flat broadcast per dtype.
+  void broadcast_from_main(std::vector<torch::Tensor> tensors) {
+    torch::NoGradGuard no_grad;
+    std::map<at::ScalarType, std::vector<torch::Tensor>> by_dtype;
+    for (auto& t : tensors)
+      if (t.defined() && t.numel() > 0) by_dtype[t.scalar_type()].push_back(t);
+    for (auto& [dtype, ts] : by_dtype) {
+      std::vector<torch::Tensor> flat_parts;
+      for (auto& t : ts) flat_parts.push_back(t.reshape(-1));
+      auto flat = torch::cat(flat_parts);
+      state_->comm->broadcast(flat, 0)->wait();
+      int64_t off = 0;
+      for (auto& t : ts) {
+        t.copy_(flat.narrow(0, off, t.numel()).view_as(t));
+        off += t.numel();
+      }
+    }
+  }
+
+  void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {
+    state_->finalize_gradients();
+    if constexpr (Precision::loss_scaling) scaler_->unscale(params, *state_->comm);
+  }
+
+  void install_loss_scaler() {
+    scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
+    scaler_->set_comm_device(state_->comm->backend_name() == "Nccl" ? state_->device
+                                                                    : torch::Device(torch::kCPU));
+    std::weak_ptr<precision::LossScaler> weak = scaler_;
+    auto comm = state_->comm;
+    state_->before_step = [weak, comm](torch::optim::Optimizer& opt) {
+      auto s = weak.lock();
+      std::vector<torch::Tensor> params;
+      for (auto& g : opt.param_groups())
+        for (auto& p : g.params()) params.push_back(p);
+      return !s->unscale(params, *comm);
+    };
+    state_->after_step = [weak](bool) { weak.lock()->update(); };
+  }
+
+  AcceleratorOptions options_;
+  runtime::ProcessEnv env_;
+  std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<precision::LossScaler> scaler_;
+  bool debug_ = false;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_ACCELERATOR_HPP

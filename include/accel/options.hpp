@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the run-time options of accel::Accelerator (numbers are
+/// options, not template parameters).
+#ifndef ACCEL_OPTIONS_HPP
+#define ACCEL_OPTIONS_HPP
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace accel {
+
+/// Dynamic loss scaling (precision::Fp16); defaults are Accelerate's/PyTorch's.
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct AcceleratorOptions {
+  int gradient_accumulation_steps = 1;
+  bool split_batches = false;  ///< true: loader batch size is the global batch, split across ranks
+  bool even_batches = true;    ///< pad the last batches by wrapping around so every rank gets the same count
+  bool step_scheduler_with_optimizer = true;
+  std::optional<std::string> project_dir{};  ///< where save_state(), trackers write by default
+  std::chrono::seconds timeout{1800};      ///< collective / rendezvous timeout
+  // --- accel additions (after the API.md fields, so designated initializers keep working) ---
+  double bucket_cap_mb = 25.0;             ///< gradient all-reduce bucket size (Replicate, ZeRO)
+  GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
+  std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
+  bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
+  std::optional<int> total_limit{};          ///< keep at most this many automatic checkpoints
+};
+
+enum class Reduction { Sum, Mean };
+
+}  // namespace accel
+
+#endif  // ACCEL_OPTIONS_HPP

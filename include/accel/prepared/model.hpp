@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::PreparedModel<M>: the user's module, on device(), run
+/// under the precision policy's autocast, with its gradients synchronised by
+/// the shard policy.
+#ifndef ACCEL_PREPARED_MODEL_HPP
+#define ACCEL_PREPARED_MODEL_HPP
+
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <accel/detail/training_state.hpp>
+#include <accel/precision/autocast.hpp>
+#include <accel/shard/detail/gradient_sync.hpp>
+
+namespace accel {
+
+namespace detail {
+
+/// Models prepare() accepts: torch::nn::ModuleHolder<T> (Linear, Sequential,
+/// TORCH_MODULE types) or std::shared_ptr<T>, with T derived from Module.
+template <class M>
+struct model_traits : std::false_type {};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<torch::nn::ModuleHolder<T>> : std::true_type {
+  using module_type = T;
+};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<std::shared_ptr<T>> : std::true_type {
+  using module_type = T;
+};
+// A TORCH_MODULE(Net) holder is a class derived from ModuleHolder<NetImpl>.
+template <class M>
+  requires(!std::is_same_v<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
+           std::is_base_of_v<torch::nn::ModuleHolder<typename M::ContainedType>, M>)
+struct model_traits<M> : std::true_type {
+  using module_type = typename M::ContainedType;
+};
+
+template <class M>
+inline constexpr bool is_model_v = model_traits<std::remove_cvref_t<M>>::value;
+
+template <class M>
+auto* module_ptr(const M& m) {
+  if constexpr (requires { m.ptr(); }) {
+    return m.ptr().get();  // ModuleHolder: get() const would add const
+  } else {
+    return m.get();
+  }
+}
+
+/// Autocast computes in 16 bits; what leaves the model is float32 again, as
+/// Accelerate's convert_outputs_to_fp32 does, so losses and metrics keep
+/// their precision.
+template <class T>
+T outputs_to_fp32(T&& out) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (out.defined() && out.is_floating_point() && out.scalar_type() != torch::kFloat &&
+        out.scalar_type() != torch::kDouble)
+      return out.to(torch::kFloat);
+    return std::forward<T>(out);
+  } else if constexpr (requires { std::tuple_size<U>::value; }) {
+    std::apply([](auto&... e) { ((e = outputs_to_fp32(std::move(e))), ...); }, out);
+    return std::forward<T>(out);
+  } else if constexpr (std::is_same_v<U, std::vector<torch::Tensor>>) {
+    for (auto& e : out) e = outputs_to_fp32(std::move(e));
+    return std::forward<T>(out);
+  } else {
+    return std::forward<T>(out);
+  }
+}
+
+}  // namespace detail
+
+template <class M>
+class PreparedModel {
+ public:
+  using model_type = M;
+  using module_type = typename detail::model_traits<M>::module_type;
+
+  PreparedModel(M model, std::shared_ptr<detail::TrainingState> state,
+                std::shared_ptr<shard::detail::GradientSync> sync, bool autocast,
+                at::ScalarType autocast_dtype)
+      : model_(std::move(model)), state_(std::move(state)), sync_(std::move(sync)),
+        autocast_(autocast), autocast_dtype_(autocast_dtype) {
+    for (const auto& b : get()->buffers()) buffers_.push_back(b);
+  }
+
+  /// Calls the module's forward under the precision policy's autocast.
+  template <class... A>
+  auto operator()(A&&... args) {
+    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
+      broadcast_buffers();
+    precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
+    if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
+      get()->forward(std::forward<A>(args)...);
+    } else if (autocast_) {
+      return detail::outputs_to_fp32(get()->forward(std::forward<A>(args)...));
+    } else {
+      return get()->forward(std::forward<A>(args)...);
+    }
+  }
+
+  module_type* operator->() const { return get(); }
+  module_type& operator*() const { return *get(); }
+  module_type* get() const { return detail::module_ptr(model_); }
+
+  /// The user's original module handle (what unwrap_model returns).
+  M& module() { return model_; }
+  const M& module() const { return model_; }
+  shard::detail::GradientSync& gradient_sync() const { return *sync_; }
+
+ private:
+  // Buffers (BatchNorm statistics) follow rank 0 before each training forward,
+  // as DDP's broadcast_buffers does, so every replica computes the same thing.
+  void broadcast_buffers() {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers_) {
+      if (!b.defined() || b.numel() == 0) continue;
+      auto t = b.is_contiguous() ? b : b.contiguous();
+      state_->comm->broadcast(t, 0)->wait();
+      if (!t.is_same(b)) b.copy_(t);
+    }
+  }
+
+  M model_;
+  std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<shard::detail::GradientSync> sync_;
+  bool autocast_;
+  at::ScalarType autocast_dtype_;
+  std::vector<torch::Tensor> buffers_;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_PREPARED_MODEL_HPP

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares accel::shard::detail::GradientSync, what a prepared model's
+/// shard policy does with gradients, as seen by the optimizer and the Accelerator.
+#ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+#define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  /// false on the non-sync micro-steps of accumulate(): no communication at all.
+  virtual void set_sync_enabled(bool enabled) = 0;
+  /// Starts what backward did not start (buckets of parameters that got no
+  /// gradient), waits for everything in flight: afterwards every gradient on
+  /// this rank is the average over ranks.
+  virtual void finalize() = 0;
+};
+
+/// The policy for one process: gradients are already complete.
+class NoSync final : public GradientSync {
+ public:
+  void set_sync_enabled(bool) override {}
+  void finalize() override {}
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
