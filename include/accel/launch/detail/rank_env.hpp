@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines what any accel launcher decides before starting workers: the
+/// option checks, each worker's rank variables, its thread count, free ports,
+/// the CUDA-before-fork check and the ACCEL_DEBUG_MODE worker check. Free of
+/// LibTorch so that the `accel` command can use it too.
+#ifndef ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+#define ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include <accel/errors.hpp>
+#include <accel/launch/detail/posix.hpp>
+#include <accel/launch/launch_options.hpp>
+#include <accel/runtime/process_env.hpp>
+
+namespace accel::detail::launch {
+
+/// Throws accel::Error when the options cannot describe a launch.
+inline void validate(const LaunchOptions& o) {
+  ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
+              ". Launch at least 1 process.");
+  ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
+  ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
+              " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
+              "). Give every node a distinct node_rank below num_nodes.");
+  ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
+              " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
+  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1, "accel: master_port 0 (pick a free port) ",
+              "cannot be used with num_nodes = ", o.num_nodes,
+              ", because the other nodes cannot learn the port. Pass the same fixed master_port "
+              "on every node.");
+  ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
+              "address of node 0 (\"127.0.0.1\" on one machine).");
+  ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
+              " s. Give a positive timeout.");
+  if (o.mixed_precision) {
+    const auto& m = *o.mixed_precision;
+    ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
+                "' is unknown. Use \"no\", \"fp16\" or \"bf16\".");
+  }
+}
+
+/// The torchrun-style variables of the worker `local_rank` on this node.
+/// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
+  EnvList env{
+      {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
+      {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.num_processes)},
+      {"NODE_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+  };
+  if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  return env;
+}
+
+/// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
+/// (the user's choice wins), else max(1, cores / local workers).
+inline int threads_per_worker(int local_workers, int cores = available_cores()) {
+  if (auto n = positive_env_int("OMP_NUM_THREADS")) return *n;
+  return std::max(1, cores / std::max(1, local_workers));
+}
+
+/// Resolves host to an IPv4 address (the rendezvous store listens on IPv4).
+inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  ACCEL_CHECK(rc == 0 && res != nullptr, "accel: cannot resolve master_addr '", host, "' (",
+              ::gai_strerror(rc), "). Give an IP address or a host name this machine can resolve.");
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  ::freeaddrinfo(res);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
+/// -1 with errno set when it is taken.
+inline int try_bind(const std::string& host, int port) {
+  sockaddr_in addr = resolve_ipv4(host, port);
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return -1;
+  int one = 1;
+  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  socklen_t len = sizeof addr;
+  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  return ntohs(addr.sin_port);
+}
+
+/// A port on host that is free now (the kernel's choice). It is released before
+/// the workers start, so another program could take it in between: rare, and
+/// the rendezvous then fails with the port in its message.
+inline int pick_free_port(const std::string& host) {
+  int port = try_bind(host, 0);
+  ACCEL_CHECK(port > 0, "accel: cannot find a free port on '", host, "' (", std::strerror(errno),
+              "). Pass a fixed master_port.");
+  return port;
+}
+
+/// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
+/// the CUDA runtime loads it on its first call, and a forked child can then no
+/// longer use CUDA. Reading the maps never initialises CUDA itself, which no
+/// LibTorch 1.13/2.x C++ query guarantees (device_count() calls cuInit).
+inline bool cuda_driver_loaded(std::string_view maps) {
+  for (std::size_t pos = 0; (pos = maps.find("libcuda.so", pos)) != std::string_view::npos; ++pos)
+    if (pos == 0 || maps[pos - 1] == '/') return true;
+  return false;
+}
+
+inline bool cuda_driver_loaded_in_this_process() {
+  std::ifstream in("/proc/self/maps");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cuda_driver_loaded(ss.str());
+}
+
+/// Accelerate's most reported notebook failure, refused before forking.
+inline void refuse_fork_after_cuda() {
+  ACCEL_CHECK(!cuda_driver_loaded_in_this_process(),
+              "accel: CUDA has already been initialised in this process, and forked workers "
+              "cannot use it (\"Cannot re-initialize CUDA in forked subprocess\"). Do not touch "
+              "CUDA (tensors, models or devices on the GPU, torch::cuda calls) before "
+              "notebook_launcher: create them inside the launched function.");
+}
+
+/// ACCEL_DEBUG_MODE worker check: the variables this worker sees are the ones
+/// the launcher meant to give it, and form a consistent world.
+inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
+  const auto env = runtime::ProcessEnv::discover();
+  const int rank = o.node_rank * o.num_processes + local_rank;
+  ACCEL_CHECK(env.source == "torchrun", "accel: debug launch: worker ", rank,
+              " found no RANK/WORLD_SIZE variables (source: ", env.source,
+              "). Do not clear the environment before the launched function runs.");
+  ACCEL_CHECK(env.rank == rank && env.world_size == o.num_nodes * o.num_processes &&
+                  env.local_rank == local_rank && env.local_world_size == o.num_processes,
+              "accel: debug launch: worker ", rank, " sees RANK=", env.rank, " WORLD_SIZE=",
+              env.world_size, " LOCAL_RANK=", env.local_rank, " LOCAL_WORLD_SIZE=",
+              env.local_world_size, ", expected ", rank, "/", o.num_nodes * o.num_processes, "/",
+              local_rank, "/", o.num_processes, ". Check what overrides these variables.");
+  ACCEL_CHECK(env.master_addr == o.master_addr && env.master_port == o.master_port,
+              "accel: debug launch: worker ", rank, " sees MASTER_ADDR:MASTER_PORT ",
+              env.master_addr, ":", env.master_port, ", expected ", o.master_addr, ":",
+              o.master_port, ". Check what overrides these variables.");
+  resolve_ipv4(env.master_addr, env.master_port);  // throws a clear error when unresolvable
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP

@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
+/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
+/// command (fork and exec a program): it starts workers, waits for them with a
+/// deadline, stops all of them when one fails, and never leaves one behind.
+#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+
+#include <poll.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <accel/errors.hpp>
+#include <accel/launch/detail/posix.hpp>
+
+extern char** environ;
+
+namespace accel::detail::launch {
+
+/// How a worker ended (or that it has not yet).
+enum class WorkerStatus { Running, Succeeded, Threw, Exited, Signaled, Stopped };
+
+struct WorkerResult {
+  int rank = -1;
+  pid_t pid = -1;
+  WorkerStatus status = WorkerStatus::Running;
+  int code = 0;         ///< exit status, or the signal number (Signaled, Stopped)
+  std::string message;  ///< exception text, "exited with status N", "killed by signal SIGSEGV"
+
+  bool failed() const {
+    return status == WorkerStatus::Threw || status == WorkerStatus::Exited ||
+           status == WorkerStatus::Signaled;
+  }
+  /// Shell convention: 0, the exit status, or 128 + signal.
+  int exit_code() const {
+    if (status == WorkerStatus::Signaled || status == WorkerStatus::Stopped) return 128 + code;
+    return code;
+  }
+};
+
+struct PoolOutcome {
+  std::vector<WorkerResult> workers;          ///< in spawn order
+  std::optional<WorkerResult> first_failure;  ///< the first worker seen failing
+  bool timed_out = false;                     ///< the pool's deadline passed first
+  int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
+
+  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
+  /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
+  /// else the first failure's exit code (at least 1), else 0.
+  int exit_code() const {
+    if (interrupted_by != 0) return 128 + interrupted_by;
+    if (timed_out) return 124;
+    if (first_failure) return std::max(1, first_failure->exit_code());
+    return 0;
+  }
+  /// Ranks that were still running when the pool stopped them.
+  std::vector<int> stopped_ranks() const {
+    std::vector<int> r;
+    for (const auto& w : workers)
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) r.push_back(w.rank);
+    return r;
+  }
+};
+
+struct PoolOptions {
+  /// Bound on the whole run, from the pool's construction to the end of wait().
+  std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
+  /// Between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds grace{std::chrono::seconds{5}};
+  /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
+  bool prefix_output = false;
+  /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
+  /// process's stdout/stderr, one write per line so ranks never interleave mid-line.
+  std::function<void(int rank, int stream, std::string_view line)> on_output;
+  /// SIGINT/SIGTERM/SIGHUP to this process stop the workers and end wait().
+  bool handle_signals = true;
+};
+
+/// "[rank 3] " + line: the default prefix of forwarded output.
+inline std::string prefixed_line(int rank, std::string_view line) {
+  std::string s = "[rank " + std::to_string(rank) + "] ";
+  s.append(line);
+  s.push_back('\n');
+  return s;
+}
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(PoolOptions options = {})
+      : options_(std::move(options)), start_(Clock::now()) {
+    if (options_.handle_signals) signals_.emplace();
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  /// Stops and reaps whatever is still running.
+  ~WorkerPool() {
+    try {
+      if (running() > 0) stop_all();
+    } catch (...) {
+    }
+  }
+
+  /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
+  /// exception, its what() goes to the parent and the exit status is 1. The
+  /// child never returns into the caller and never runs atexit handlers.
+  pid_t spawn(int rank, const EnvList& env, std::function<void()> fn) {
+    return fork_worker(rank, [&](int err_fd) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      int code = 0;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        report(err_fd, e.what());
+        code = 1;
+      } catch (...) {
+        report(err_fd, "unknown exception (not derived from std::exception)");
+        code = 1;
+      }
+      flush_stdio();
+      ::_exit(code);
+    });
+  }
+
+  /// Forks a worker that execs argv (argv[0] searched in PATH) with this
+  /// process's environment plus `env`. Exec failure: status 127 and a message.
+  pid_t spawn_exec(int rank, const EnvList& env, const std::vector<std::string>& argv) {
+    if (argv.empty())
+      throw Error("accel: spawn_exec() got an empty command line. Pass the program to run first.");
+    // Everything is prepared before fork: the child only makes async-signal-safe calls.
+    std::vector<std::string> envs;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view entry(*e);
+      std::string_view key = entry.substr(0, entry.find('='));
+      bool overridden = false;
+      for (const auto& kv : env) overridden = overridden || kv.first == key;
+      if (!overridden) envs.emplace_back(entry);
+    }
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+    cargv.push_back(nullptr);
+    cenv.push_back(nullptr);
+    const std::string failure = "cannot execute '" + argv[0] + "': ";
+    return fork_worker(rank, [&](int err_fd) {
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      const char* why = std::strerror(errno);
+      write_all(err_fd, failure.data(), failure.size());
+      write_all(err_fd, why, std::strlen(why));
+      ::_exit(127);
+    });
+  }
+
+  /// Waits until every worker has ended, one failed (the others are then
+  /// stopped), the deadline passed, or this process got SIGINT/SIGTERM/SIGHUP.
+  /// Everything has been reaped when it returns (unless stuck in the kernel).
+  PoolOutcome wait() {
+    PoolOutcome out;
+    const auto deadline = start_ + options_.timeout;
+    while (running() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
+      for (std::size_t i : reap()) {
+        if (workers_[i].result.failed() && !out.first_failure) {
+          out.first_failure = workers_[i].result;
+          stop_all();
+        }
+      }
+      if (out.first_failure) break;
+      if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
+        out.interrupted_by = sig;
+        stop_all();
+        break;
+      }
+      if (running() > 0 && Clock::now() >= deadline) {
+        out.timed_out = true;
+        stop_all();
+        break;
+      }
+    }
+    pump(0);
+    for (auto& w : workers_) {
+      flush_partial(w);
+      out.workers.push_back(w.result);
+    }
+    return out;
+  }
+
+  /// SIGTERM to every running worker's process group, SIGKILL to those still
+  /// there after the grace period, and reap them (bounded wait).
+  void stop_all() {
+    stopping_ = true;
+    signal_running(SIGTERM);
+    wait_until(Clock::now() + options_.grace);
+    if (running() > 0) {
+      signal_running(SIGKILL);
+      wait_until(Clock::now() + std::chrono::seconds(10));
+    }
+  }
+
+  std::size_t running() const {
+    std::size_t n = 0;
+    for (const auto& w : workers_) n += w.result.status == WorkerStatus::Running;
+    return n;
+  }
+  std::size_t size() const { return workers_.size(); }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> p;
+    for (const auto& w : workers_) p.push_back(w.result.pid);
+    return p;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Worker {
+    WorkerResult result;
+    Fd err, out, errout;  // parent's read ends: error report, captured stdout/stderr
+    std::string err_text, out_buf, errout_buf;
+  };
+
+  static void report(int fd, const char* what) noexcept {
+    std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
+    write_all(fd, what, n);
+  }
+
+  static void flush_stdio() noexcept {
+    try {
+      std::cout.flush();
+      std::cerr.flush();
+      std::clog.flush();
+    } catch (...) {
+    }
+    std::fflush(nullptr);
+  }
+
+  template <class Child>
+  pid_t fork_worker(int rank, Child&& child) {
+    // Unflushed parent output would be duplicated by every child that flushes.
+    flush_stdio();
+    Pipe err = Pipe::make();
+    std::optional<Pipe> out, errout;
+    if (options_.prefix_output) {
+      out = Pipe::make();
+      errout = Pipe::make();
+    }
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      int e = errno;
+      stop_all();
+      throw Error(std::string("accel: cannot fork worker ") + std::to_string(rank) + " (" +
+                  std::strerror(e) + "). Launch fewer processes or raise the process limit.");
+    }
+    if (pid == 0) {
+      // Own process group: stopping a worker also stops whatever it started.
+      ::setpgid(0, 0);
+#ifdef __linux__
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: do not linger
+      if (::getppid() != parent) ::_exit(1);
+#endif
+      // Default dispositions: the launcher, not inherited test-framework or
+      // user handlers, reports a worker's crash.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL})
+        ::signal(sig, SIG_DFL);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (out) {
+        ::dup2(out->write.get(), STDOUT_FILENO);
+        ::dup2(errout->write.get(), STDERR_FILENO);
+      }
+      child(err.write.get());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent, so signalling the group never races
+    Worker w;
+    w.result.rank = rank;
+    w.result.pid = pid;
+    w.err = std::move(err.read);
+    if (out) {
+      w.out = std::move(out->read);
+      w.errout = std::move(errout->read);
+    }
+    workers_.push_back(std::move(w));
+    return pid;
+  }
+
+  void signal_running(int sig) {
+    for (const auto& w : workers_) {
+      if (w.result.status != WorkerStatus::Running) continue;
+      if (::kill(-w.result.pid, sig) != 0) ::kill(w.result.pid, sig);
+    }
+  }
+
+  void wait_until(Clock::time_point until) {
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      reap();
+    }
+  }
+
+  /// Polls the signal pipe and every open worker pipe for up to timeout_ms,
+  /// and consumes what is readable.
+  void pump(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, int>> owner;  // which worker, which stream (0 err, 1, 2)
+    if (signals_ && signals_->fd() >= 0) {
+      fds.push_back({signals_->fd(), POLLIN, 0});
+      owner.emplace_back(nullptr, 0);
+    }
+    for (auto& w : workers_) {
+      for (auto [fd, stream] : {std::pair{&w.err, 0}, {&w.out, 1}, {&w.errout, 2}}) {
+        if (!fd->valid()) continue;
+        fds.push_back({fd->get(), POLLIN, 0});
+        owner.emplace_back(&w, stream);
+      }
+    }
+    if (fds.empty()) {
+      if (timeout_ms > 0) ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (owner[i].first == nullptr) {
+        std::string drop;
+        read_available(fds[i].fd, drop);
+        continue;
+      }
+      consume(*owner[i].first, owner[i].second);
+    }
+  }
+
+  void consume(Worker& w, int stream) {
+    Fd& fd = stream == 0 ? w.err : stream == 1 ? w.out : w.errout;
+    std::string& buf = stream == 0 ? w.err_text : stream == 1 ? w.out_buf : w.errout_buf;
+    bool open = read_available(fd.get(), buf);
+    if (!open) fd.reset();
+    if (stream == 0) {
+      if (buf.size() > 64 * 1024) buf.resize(64 * 1024);
+      return;
+    }
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+      emit(w.result.rank, stream, std::string_view(buf).substr(start, nl - start));
+    buf.erase(0, start);
+    if (buf.size() > 64 * 1024 || (!open && !buf.empty())) {
+      emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  void emit(int rank, int stream, std::string_view line) {
+    if (options_.on_output) {
+      options_.on_output(rank, stream, line);
+      return;
+    }
+    std::string s = prefixed_line(rank, line);
+    write_all(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, s.data(), s.size());
+  }
+
+  void flush_partial(Worker& w) {
+    for (int stream : {1, 2}) {
+      std::string& buf = stream == 1 ? w.out_buf : w.errout_buf;
+      if (!buf.empty()) emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  /// Reaps the workers that ended; returns their indices in spawn order.
+  std::vector<std::size_t> reap() {
+    std::vector<std::size_t> ended;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.result.status != WorkerStatus::Running) continue;
+      int st = 0;
+      pid_t r = ::waitpid(w.result.pid, &st, WNOHANG);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      // The child is gone: whatever it wrote before exiting is in the pipes.
+      for (int stream : {0, 1, 2})
+        if ((stream == 0 ? w.err : stream == 1 ? w.out : w.errout).valid()) consume(w, stream);
+      classify(w, r < 0 ? -1 : st);
+      ended.push_back(i);
+    }
+    return ended;
+  }
+
+  void classify(Worker& w, int st) {
+    WorkerResult& r = w.result;
+    if (st < 0) {  // not our child any more (someone else reaped it)
+      r.status = WorkerStatus::Exited;
+      r.code = 1;
+      r.message = "vanished (reaped by someone else)";
+    } else if (WIFEXITED(st)) {
+      r.code = WEXITSTATUS(st);
+      if (r.code == 0) {
+        r.status = WorkerStatus::Succeeded;  // it returned normally, even if a stop was under way
+      } else if (!w.err_text.empty()) {
+        r.status = WorkerStatus::Threw;
+        r.message = w.err_text;
+      } else {
+        r.status = WorkerStatus::Exited;
+        r.message = "exited with status " + std::to_string(r.code);
+      }
+      if (stopping_ && r.status == WorkerStatus::Exited) r.status = WorkerStatus::Stopped;
+    } else if (WIFSIGNALED(st)) {
+      r.code = WTERMSIG(st);
+      r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
+      r.message = (stopping_ ? "stopped by signal " : "killed by signal ") + signal_name(r.code);
+    }
+  }
+
+  PoolOptions options_;
+  Clock::time_point start_;
+  std::optional<StopSignalGuard> signals_;
+  std::vector<Worker> workers_;
+  bool stopping_ = false;
+};
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP

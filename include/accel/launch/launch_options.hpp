@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::LaunchOptions, what notebook_launcher (and the `accel
+/// launch` command) needs to know to start the processes of one node.
+#ifndef ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP
+#define ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace accel {
+
+/// Where and how many workers to start. The first six fields are the API.md
+/// contract; the ones after them are accel extensions with neutral defaults.
+struct LaunchOptions {
+  int num_processes = 1;  ///< workers on this node
+  int num_nodes = 1;      ///< nodes taking part (each runs its own launcher)
+  int node_rank = 0;      ///< this node's index, 0 .. num_nodes-1
+  std::string master_addr = "127.0.0.1";  ///< rendezvous host (node 0)
+  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (single node only)
+  std::chrono::seconds timeout{1800};  ///< bound on the whole launch
+
+  /// Exported as ACCEL_MIXED_PRECISION ("no", "fp16", "bf16") when set.
+  std::optional<std::string> mixed_precision = std::nullopt;
+  /// Prefix each worker's output lines with "[rank N] " (captured through pipes).
+  bool prefix_output = false;
+  /// Between SIGTERM and SIGKILL when the other workers are stopped.
+  std::chrono::milliseconds stop_grace{std::chrono::seconds{5}};
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP

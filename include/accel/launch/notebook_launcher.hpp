@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::notebook_launcher (also named accel::launch): run a
+/// function in num_processes forked workers of this node, as Accelerate's
+/// notebook_launcher does, and fail loudly and completely when one fails.
+#ifndef ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
+#define ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
+
+#include <csignal>
+#include <exception>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <accel/config.hpp>
+#include <accel/errors.hpp>
+#include <accel/launch/detail/posix.hpp>
+#include <accel/launch/detail/rank_env.hpp>
+#include <accel/launch/detail/worker_pool.hpp>
+#include <accel/launch/launch_options.hpp>
+
+namespace accel {
+
+namespace detail::launch {
+
+/// Restores the intra-op thread count of the calling process on scope exit.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : old_(at::get_num_threads()) { at::set_num_threads(n); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+  ~ScopedThreads() { at::set_num_threads(old_); }
+
+ private:
+  int old_;
+};
+
+/// Runs body in one worker per local rank and waits; turns the pool's outcome
+/// into the launcher's exceptions. `what` names the launch in messages.
+template <class Body>
+void run_workers(const LaunchOptions& o, const char* what, Body&& body) {
+  PoolOptions po;
+  po.timeout = o.timeout;
+  po.grace = o.stop_grace;
+  po.prefix_output = o.prefix_output;
+  PoolOutcome out;
+  {
+    WorkerPool pool(po);
+    for (int local = 0; local < o.num_processes; ++local) {
+      EnvList env = rank_environment(o, local);
+      env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
+      pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
+        at::set_num_threads(threads_per_worker(o.num_processes));
+        try {
+          body(local);
+        } catch (const c10::Error& e) {
+          // LibTorch's what() carries a C++ backtrace; the message is what users need.
+          throw std::runtime_error(e.what_without_backtrace());
+        }
+      });
+    }
+    out = pool.wait();
+  }  // the pool restored the parent's signal handlers here
+  if (out.interrupted_by != 0) {
+    // Workers are stopped; now let the signal do what it would have done.
+    std::raise(out.interrupted_by);
+    throw Error(std::string("accel: ") + what + " was interrupted by " +
+                signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
+                " workers were stopped. Launch again when ready.");
+  }
+  if (out.first_failure) throw LaunchError(out.first_failure->rank, out.first_failure->message);
+  if (out.timed_out) {
+    std::string ranks;
+    for (int r : out.stopped_ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError(std::string("accel: ") + what + " timed out after " +
+                       std::to_string(o.timeout.count()) + " s (LaunchOptions::timeout) with " +
+                       (ranks.empty() ? "no process" : "process(es) " + ranks) +
+                       " still running; they were stopped. Raise the timeout or find why they "
+                       "hang (ACCEL_DEBUG_MODE=yes checks the launch).");
+  }
+}
+
+}  // namespace detail::launch
+
+/// Runs fn(args...) in opts.num_processes forked workers on this node and
+/// returns when all have finished. Each worker sees RANK, WORLD_SIZE,
+/// LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
+/// ACCEL_FORK_LAUNCHED=1, and uses max(1, cores / num_processes) intra-op
+/// threads unless OMP_NUM_THREADS is set. If a worker throws, exits non-zero
+/// or dies by a signal, the others are stopped (SIGTERM, then SIGKILL after
+/// stop_grace) and accel::LaunchError names the first failing rank and its
+/// message; past opts.timeout accel::TimeoutError. One process on one node
+/// runs fn in this process (no fork) with the same variables, restored after;
+/// an exception then arrives as LaunchError(0, ...) nesting the original.
+template <class F, class... Args>
+void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
+  namespace dl = detail::launch;
+  dl::validate(opts);
+  if (opts.master_port == 0) opts.master_port = dl::pick_free_port(opts.master_addr);
+
+  if (opts.num_processes == 1 && opts.num_nodes == 1) {
+    dl::EnvList env = dl::rank_environment(opts, 0);
+    dl::ScopedEnv scoped_env(env);
+    dl::ScopedThreads threads(dl::threads_per_worker(1));
+    try {
+      std::apply(std::forward<F>(fn), std::move(args));
+    } catch (const c10::Error& e) {
+      std::throw_with_nested(LaunchError(0, e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      std::throw_with_nested(LaunchError(0, e.what()));
+    }
+    return;
+  }
+
+#if ACCEL_WITH_CUDA
+  dl::refuse_fork_after_cuda();
+#endif
+  if (dl::env_flag("ACCEL_DEBUG_MODE")) {
+    // Dry run first, as Accelerate's debug mode: spawn-time problems show up
+    // as a clear error before any real work starts.
+    if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
+        errno == EADDRINUSE)
+      throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
+                  " on " + opts.master_addr +
+                  " is already in use. Pass another master_port, or 0 to pick a free one.");
+    dl::run_workers(opts, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
+                    [&](int local) { dl::check_worker_environment(opts, local); });
+  }
+  dl::run_workers(opts, "notebook_launcher", [&](int) { std::apply(fn, std::move(args)); });
+}
+
+/// The same as notebook_launcher: the name to use outside notebooks.
+template <class F, class... Args>
+void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
+  notebook_launcher(std::forward<F>(fn), std::move(args), std::move(opts));
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP

@@ -1,0 +1,458 @@
+// Tests accel::notebook_launcher with real forked workers: the variables each
+// worker sees, argument passing, failures (exception, exit status, signal,
+// timeout, SIGINT to the launcher) and that no worker survives a failed launch.
+#include <accel/launch.hpp>
+
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A fresh directory under $ACCEL_TEST_TMP for one test's worker reports.
+fs::path fresh_dir(const std::string& name) {
+  const char* base = std::getenv("ACCEL_TEST_TMP");
+  fs::path dir = fs::path(base ? base : fs::temp_directory_path().string()) /
+                 ("launch_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string env_or(const char* name, const char* fallback = "<unset>") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+// Written by a worker: its variables, thread count, pid and received arguments.
+void write_report(const fs::path& dir, const std::string& extra = "") {
+  std::ostringstream s;
+  s << "RANK=" << env_or("RANK") << "\nWORLD_SIZE=" << env_or("WORLD_SIZE")
+    << "\nLOCAL_RANK=" << env_or("LOCAL_RANK") << "\nLOCAL_WORLD_SIZE=" << env_or("LOCAL_WORLD_SIZE")
+    << "\nNODE_RANK=" << env_or("NODE_RANK") << "\nMASTER_ADDR=" << env_or("MASTER_ADDR")
+    << "\nMASTER_PORT=" << env_or("MASTER_PORT")
+    << "\nACCEL_FORK_LAUNCHED=" << env_or("ACCEL_FORK_LAUNCHED")
+    << "\nACCEL_MIXED_PRECISION=" << env_or("ACCEL_MIXED_PRECISION")
+    << "\nthreads=" << at::get_num_threads() << "\npid=" << ::getpid() << "\nextra=" << extra
+    << "\n";
+  const fs::path tmp = dir / ("rank" + env_or("RANK") + ".tmp");
+  std::ofstream(tmp) << s.str();
+  fs::rename(tmp, dir / ("rank" + env_or("RANK") + ".txt"));  // readers never see half a file
+}
+
+std::map<std::string, std::string> read_report(const fs::path& file) {
+  std::map<std::string, std::string> kv;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return kv;
+}
+
+// Waits (bounded) until `count` report files exist in dir.
+bool wait_for_reports(const fs::path& dir, std::size_t count, std::chrono::seconds limit = 20s) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    std::size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".txt";
+    if (n >= count) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+void no_core_dump() {
+  rlimit none{0, 0};
+  ::setrlimit(RLIMIT_CORE, &none);
+}
+
+// Runs a launch expected to fail; returns its LaunchError and how long it took.
+std::pair<accel::LaunchError, double> failing_launch(const std::function<void()>& launch) {
+  const auto t0 = Clock::now();
+  try {
+    launch();
+  } catch (const accel::LaunchError& e) {
+    return {e, std::chrono::duration<double>(Clock::now() - t0).count()};
+  }
+  FAIL("the launch did not throw accel::LaunchError");
+  throw std::logic_error("unreachable");
+}
+
+}  // namespace
+
+TEST_CASE("2 and 3 workers see their rank variables and the arguments", "[launch]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION(n << " workers") {
+      const fs::path dir = fresh_dir("vars" + std::to_string(n));
+      accel::LaunchOptions opts;
+      opts.num_processes = n;
+      opts.master_port = 29411;
+      opts.mixed_precision = "bf16";
+      accel::notebook_launcher(
+          [](const std::string& d, int a, const std::string& b, double c) {
+            std::ostringstream args;
+            args << a << "," << b << "," << c;
+            write_report(d, args.str());
+          },
+          std::make_tuple(dir.string(), 42, std::string("text"), 2.5), opts);
+      for (int r = 0; r < n; ++r) {
+        auto kv = read_report(dir / ("rank" + std::to_string(r) + ".txt"));
+        CHECK(kv["RANK"] == std::to_string(r));
+        CHECK(kv["WORLD_SIZE"] == std::to_string(n));
+        CHECK(kv["LOCAL_RANK"] == std::to_string(r));
+        CHECK(kv["LOCAL_WORLD_SIZE"] == std::to_string(n));
+        CHECK(kv["NODE_RANK"] == "0");
+        CHECK(kv["MASTER_ADDR"] == "127.0.0.1");
+        CHECK(kv["MASTER_PORT"] == "29411");
+        CHECK(kv["ACCEL_FORK_LAUNCHED"] == "1");
+        CHECK(kv["ACCEL_MIXED_PRECISION"] == "bf16");
+        CHECK(kv["extra"] == "42,text,2.5");
+        CHECK(kv["pid"] != std::to_string(::getpid()));
+      }
+      // The launcher's process keeps its own environment.
+      CHECK(std::getenv("ACCEL_FORK_LAUNCHED") == nullptr);
+    }
+  }
+}
+
+TEST_CASE("accel::launch is the same launcher", "[launch]") {
+  const fs::path dir = fresh_dir("alias");
+  accel::launch([](const std::string& d) { write_report(d); }, std::make_tuple(dir.string()),
+                {.num_processes = 2});
+  CHECK(read_report(dir / "rank1.txt")["WORLD_SIZE"] == "2");
+}
+
+TEST_CASE("a worker that throws fails the launch and the others are stopped", "[launch]") {
+  const fs::path dir = fresh_dir("throw");
+  accel::LaunchOptions opts{.num_processes = 3, .timeout = 60s};
+  auto [err, seconds] = failing_launch([&] {
+    accel::notebook_launcher(
+        [](const std::string& d) {
+          write_report(d);
+          if (env_or("RANK") == "1") {
+            wait_for_reports(d, 3);  // the others are certainly running now
+            throw std::runtime_error("boom on rank 1");
+          }
+          std::this_thread::sleep_for(60s);  // would hang the test if not stopped
+        },
+        std::make_tuple(dir.string()), opts);
+  });
+  CHECK(err.rank() == 1);
+  CHECK(err.message() == "boom on rank 1");
+  CHECK(std::string(err.what()) == "accel: process 1 failed: boom on rank 1");
+  CHECK(seconds < 5.0);
+  for (int r : {0, 2}) {
+    pid_t pid = std::stoi(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["pid"]);
+    CHECK(process_gone(pid));
+  }
+}
+
+TEST_CASE("a worker ignoring SIGTERM is killed after the grace period", "[launch]") {
+  const fs::path dir = fresh_dir("stubborn");
+  accel::LaunchOptions opts{.num_processes = 2, .timeout = 60s};
+  opts.stop_grace = 300ms;
+  auto [err, seconds] = failing_launch([&] {
+    accel::notebook_launcher(
+        [](const std::string& d) {
+          std::signal(SIGTERM, SIG_IGN);
+          write_report(d);
+          if (env_or("RANK") == "0") {
+            wait_for_reports(d, 2);
+            throw std::invalid_argument("bad input on rank 0");
+          }
+          std::this_thread::sleep_for(60s);
+        },
+        std::make_tuple(dir.string()), opts);
+  });
+  CHECK(err.rank() == 0);
+  CHECK(err.message() == "bad input on rank 0");
+  CHECK(seconds < 4.0);
+  CHECK(process_gone(std::stoi(read_report(dir / "rank1.txt")["pid"])));
+}
+
+TEST_CASE("exit status and signals are reported by rank", "[launch]") {
+  accel::LaunchOptions opts{.num_processes = 2, .timeout = 60s};
+  SECTION("exit(3)") {
+    auto [err, s] = failing_launch([&] {
+      accel::notebook_launcher([] { if (env_or("RANK") == "1") ::_exit(3); }, std::tuple<>{}, opts);
+    });
+    CHECK(err.rank() == 1);
+    CHECK(err.message() == "exited with status 3");
+  }
+  SECTION("SIGSEGV") {
+    auto [err, s] = failing_launch([&] {
+      accel::notebook_launcher(
+          [] {
+            if (env_or("RANK") == "0") {
+              no_core_dump();
+              std::raise(SIGSEGV);
+            }
+          },
+          std::tuple<>{}, opts);
+    });
+    CHECK(err.rank() == 0);
+    CHECK(err.message() == "killed by signal SIGSEGV");
+  }
+  SECTION("abort") {
+    auto [err, s] = failing_launch([&] {
+      accel::notebook_launcher(
+          [] {
+            if (env_or("RANK") == "1") {
+              no_core_dump();
+              std::abort();
+            }
+            std::this_thread::sleep_for(60s);
+          },
+          std::tuple<>{}, opts);
+    });
+    CHECK(err.rank() == 1);
+    CHECK(err.message() == "killed by signal SIGABRT");
+    CHECK(s < 5.0);
+  }
+  SECTION("a LibTorch error arrives without its C++ backtrace") {
+    auto [err, s] = failing_launch([&] {
+      accel::notebook_launcher([] { TORCH_CHECK(env_or("RANK") != "1", "shape mismatch"); },
+                               std::tuple<>{}, opts);
+    });
+    CHECK(err.rank() == 1);
+    CHECK(err.message().find("shape mismatch") != std::string::npos);
+    CHECK(err.message().find("frame #") == std::string::npos);
+  }
+}
+
+TEST_CASE("the launch timeout stops hanging workers", "[launch]") {
+  const fs::path dir = fresh_dir("timeout");
+  accel::LaunchOptions opts{.num_processes = 2, .timeout = 1s};
+  const auto t0 = Clock::now();
+  try {
+    accel::notebook_launcher(
+        [](const std::string& d) {
+          write_report(d);
+          std::this_thread::sleep_for(60s);
+        },
+        std::make_tuple(dir.string()), opts);
+    FAIL("no timeout");
+  } catch (const accel::TimeoutError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("timed out after 1 s") &&
+                             Catch::Contains("process(es) 0, 1 still running"));
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  CHECK(seconds >= 1.0);
+  CHECK(seconds < 4.0);
+  for (int r : {0, 1})
+    CHECK(process_gone(std::stoi(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["pid"])));
+}
+
+TEST_CASE("one process on one node runs in this process with the variables set", "[launch]") {
+  ::setenv("MASTER_ADDR", "previous-value", 1);
+  ::unsetenv("RANK");
+  const int threads_before = at::get_num_threads();
+  int seen_pid = 0, seen_threads = 0;
+  std::string seen_rank, seen_world, seen_addr;
+  accel::notebook_launcher(
+      [&](int x) {
+        CHECK(x == 7);
+        seen_pid = ::getpid();
+        seen_rank = env_or("RANK");
+        seen_world = env_or("WORLD_SIZE");
+        seen_addr = env_or("MASTER_ADDR");
+        seen_threads = at::get_num_threads();
+      },
+      std::make_tuple(7), {.master_addr = "127.0.0.1"});
+  CHECK(seen_pid == ::getpid());
+  CHECK(seen_rank == "0");
+  CHECK(seen_world == "1");
+  CHECK(seen_addr == "127.0.0.1");
+  CHECK(seen_threads == accel::detail::launch::threads_per_worker(1));
+  // Restored afterwards.
+  CHECK(env_or("MASTER_ADDR") == "previous-value");
+  CHECK(std::getenv("RANK") == nullptr);
+  CHECK(at::get_num_threads() == threads_before);
+  ::unsetenv("MASTER_ADDR");
+
+  SECTION("an exception becomes LaunchError(0) nesting the original") {
+    try {
+      accel::notebook_launcher([] { throw std::out_of_range("index 9"); }, std::tuple<>{});
+      FAIL("no exception");
+    } catch (const accel::LaunchError& e) {
+      CHECK(e.rank() == 0);
+      CHECK(e.message() == "index 9");
+      CHECK_THROWS_AS(std::rethrow_if_nested(e), std::out_of_range);
+    }
+    CHECK(std::getenv("RANK") == nullptr);
+  }
+}
+
+TEST_CASE("thread count: cores / workers unless OMP_NUM_THREADS is set", "[launch]") {
+  using accel::detail::launch::threads_per_worker;
+  ::unsetenv("OMP_NUM_THREADS");
+  CHECK(threads_per_worker(2, 16) == 8);
+  CHECK(threads_per_worker(3, 16) == 5);
+  CHECK(threads_per_worker(3, 2) == 1);
+  CHECK(threads_per_worker(1, 2) == 2);
+
+  const fs::path dir = fresh_dir("threads");
+  accel::notebook_launcher([](const std::string& d) { write_report(d); },
+                           std::make_tuple(dir.string()), {.num_processes = 2});
+  const int expected = std::max(1, accel::detail::launch::available_cores() / 2);
+  CHECK(read_report(dir / "rank0.txt")["threads"] == std::to_string(expected));
+
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  CHECK(threads_per_worker(2, 16) == 3);
+  const fs::path dir2 = fresh_dir("threads_omp");
+  accel::notebook_launcher([](const std::string& d) { write_report(d); },
+                           std::make_tuple(dir2.string()), {.num_processes = 2});
+  ::unsetenv("OMP_NUM_THREADS");
+  CHECK(read_report(dir2 / "rank0.txt")["threads"] == "3");
+  CHECK(read_report(dir2 / "rank1.txt")["threads"] == "3");
+}
+
+TEST_CASE("master_port 0 picks one free port for all workers", "[launch]") {
+  const fs::path dir = fresh_dir("port0");
+  accel::notebook_launcher([](const std::string& d) { write_report(d); },
+                           std::make_tuple(dir.string()), {.num_processes = 2, .master_port = 0});
+  const auto p0 = read_report(dir / "rank0.txt")["MASTER_PORT"];
+  CHECK(p0 == read_report(dir / "rank1.txt")["MASTER_PORT"]);
+  const int port = std::stoi(p0);
+  CHECK(port > 0);
+  CHECK(port <= 65535);
+  CHECK(port != 29500);
+  CHECK(accel::detail::launch::try_bind("127.0.0.1", port) == port);  // it was free
+}
+
+TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]") {
+  const fs::path dir = fresh_dir("two_nodes");
+  auto node = [&](int node_rank) {
+    accel::notebook_launcher(
+        [](const std::string& d) {
+          write_report(d);
+          // Every worker of both nodes is up at the same time, as in a rendezvous.
+          if (!wait_for_reports(d, 4)) throw std::runtime_error("the other node never came");
+        },
+        std::make_tuple(dir.string()),
+        {.num_processes = 2, .num_nodes = 2, .node_rank = node_rank, .master_port = 29412,
+         .timeout = 60s});
+  };
+  const pid_t other = ::fork();  // node 1 is another process, as on another machine
+  REQUIRE(other >= 0);
+  if (other == 0) {
+    int code = 0;
+    try {
+      node(1);
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  node(0);
+  int status = 0;
+  const auto until = Clock::now() + 30s;
+  while (::waitpid(other, &status, WNOHANG) == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  for (int r = 0; r < 4; ++r) {
+    auto kv = read_report(dir / ("rank" + std::to_string(r) + ".txt"));
+    CHECK(kv["WORLD_SIZE"] == "4");
+    CHECK(kv["LOCAL_RANK"] == std::to_string(r % 2));
+    CHECK(kv["LOCAL_WORLD_SIZE"] == "2");
+    CHECK(kv["NODE_RANK"] == std::to_string(r / 2));
+    CHECK(kv["MASTER_PORT"] == "29412");
+  }
+}
+
+TEST_CASE("invalid options are refused with clear messages", "[launch]") {
+  auto noop = [] {};
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.num_processes = 0}),
+                    Catch::Contains("num_processes is 0. Launch at least 1 process"));
+  CHECK_THROWS_WITH(
+      accel::notebook_launcher(noop, std::tuple<>{}, {.num_nodes = 2, .node_rank = 2}),
+      Catch::Contains("node_rank 2 is outside 0..1"));
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.master_port = 70000}),
+                    Catch::Contains("master_port 70000 is not a TCP port"));
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{},
+                                             {.num_nodes = 2, .master_port = 0}),
+                    Catch::Contains("Pass the same fixed master_port on every node"));
+  accel::LaunchOptions mp;
+  mp.mixed_precision = "fp8";
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, mp),
+                    Catch::Contains("mixed_precision 'fp8' is unknown"));
+}
+
+TEST_CASE("CUDA-before-fork detection reads the process maps", "[launch]") {
+  using accel::detail::launch::cuda_driver_loaded;
+  CHECK(cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.1\n"));
+  CHECK_FALSE(cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcudart.so.12\n"));
+  CHECK_FALSE(cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /opt/libxlibcuda.so\n"));
+  CHECK_FALSE(accel::detail::launch::cuda_driver_loaded_in_this_process());  // CPU test build
+}
+
+TEST_CASE("ACCEL_DEBUG_MODE: a dry launch checks the workers first", "[launch]") {
+  const fs::path dir = fresh_dir("debug");
+  ::setenv("ACCEL_DEBUG_MODE", "yes", 1);
+  accel::notebook_launcher([](const std::string& d) { write_report(d); },
+                           std::make_tuple(dir.string()), {.num_processes = 2, .master_port = 29413});
+  CHECK(read_report(dir / "rank1.txt")["RANK"] == "1");
+
+  // A taken port is named before anything starts.
+  accel::detail::launch::Fd s(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in addr = accel::detail::launch::resolve_ipv4("127.0.0.1", 0);
+  REQUIRE(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(s.get(), 1) == 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  const int taken = ntohs(addr.sin_port);
+  CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::tuple<>{},
+                                             {.num_processes = 2, .master_port = taken}),
+                    Catch::Contains("master_port " + std::to_string(taken)) &&
+                        Catch::Contains("already in use"));
+  ::unsetenv("ACCEL_DEBUG_MODE");
+}
+
+TEST_CASE("SIGINT to the launcher stops its workers, then acts as usual", "[launch]") {
+  const fs::path dir = fresh_dir("sigint");
+  const pid_t launcher = ::fork();  // the "notebook" process that gets Ctrl-C
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    std::signal(SIGINT, SIG_DFL);
+    try {
+      accel::notebook_launcher(
+          [](const std::string& d) {
+            write_report(d);
+            std::this_thread::sleep_for(60s);
+          },
+          std::make_tuple(dir.string()), {.num_processes = 2, .timeout = 60s});
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  REQUIRE(wait_for_reports(dir, 2));
+  ::kill(launcher, SIGINT);
+  int status = 0;
+  const auto until = Clock::now() + 20s;
+  while (::waitpid(launcher, &status, WNOHANG) == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  for (int r : {0, 1})
+    CHECK(process_gone(std::stoi(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["pid"])));
+}
