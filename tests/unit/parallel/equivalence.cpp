@@ -1,0 +1,106 @@
+// The key property of data parallelism: N processes on a global batch end
+// with the same parameters as one process on that batch (WORKLOAD.md, W).
+#include <accel/accelerator.hpp>
+#include <accel/launch/notebook_launcher.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <catch2/catch.hpp>
+
+#include "workload.hpp"
+
+namespace {
+
+std::filesystem::path scratch(const std::string& name) {
+  const char* base = std::getenv("ACCEL_TEST_TMP");
+  auto dir = std::filesystem::path(base ? base : "/tmp") / "parallel";
+  std::filesystem::create_directories(dir);
+  auto p = dir / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+/// W through accel: `micro_steps` loader batches of `per_rank_batch` rows per
+/// rank; rank r writes its final parameters to out_r.pt.
+template <class Backend>
+void train_w(std::string out, int micro_steps, int64_t per_rank_batch, int accumulation) {
+  accel::Accelerator<Backend> acc(accel::AcceleratorOptions{.gradient_accumulation_steps = accumulation});
+  auto model = workload::make_model();
+  torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
+  auto loader = accel::data::make_data_loader(
+      workload::Dataset(workload::make_data()),
+      accel::data::LoaderOptions{.batch_size = per_rank_batch, .shuffle = false});
+  auto [m, opt, dl] = acc.prepare(model, sgd, loader);
+  int step = 0;
+  for (auto& batch : dl) {
+    if (step++ == micro_steps) break;
+    auto guard = acc.accumulate(m);
+    auto loss = torch::cross_entropy_loss(m(batch.data), batch.target);
+    acc.backward(loss);
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<torch::Tensor> params;
+  for (auto& p : model->parameters()) params.push_back(p.detach().clone());
+  torch::save(params, out + "_" + std::to_string(acc.process_index()) + ".pt");
+}
+
+std::vector<torch::Tensor> load(const std::string& file) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, file);
+  return v;
+}
+
+void check_equivalent(const std::string& out, int world, int steps) {
+  auto reference = workload::reference_parameters(steps);
+  for (int r = 0; r < world; ++r) {
+    auto got = load(out + "_" + std::to_string(r) + ".pt");
+    double diff = workload::max_abs_diff(got, reference);
+    INFO("rank " << r << " max |accel - single process| = " << diff);
+    CHECK(diff <= 1e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("W on 2 Gloo processes equals one process at batch 64", "[parallel][gloo]") {
+  auto out = scratch("gloo").string();
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(300);
+  // 20 steps of global batch 64: each rank takes 32 rows (whole batches in turn).
+  accel::notebook_launcher(train_w<accel::backend::Gloo>, std::make_tuple(out, 20, int64_t{32}, 1), lo);
+  check_equivalent(out, 2, 20);
+}
+
+TEST_CASE("W on 2 Gloo processes with gradient accumulation", "[parallel][gloo][accumulate]") {
+  auto out = scratch("gloo_accum").string();
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(300);
+  // 20 micro-steps of 16 rows per rank, 2 per optimizer step: 10 steps of 64 rows.
+  accel::notebook_launcher(train_w<accel::backend::Gloo>, std::make_tuple(out, 20, int64_t{16}, 2), lo);
+  check_equivalent(out, 2, 10);
+}
+
+#if ACCEL_WITH_MPI
+// Run by ctest under `mpirun -np 2` (tests/cmake_tests/parallel.cmake).
+TEST_CASE("W under mpirun equals one process at batch 64", "[.mpi][parallel]") {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  REQUIRE(rank != nullptr);
+  auto out = std::filesystem::path(std::getenv("ACCEL_TEST_TMP") ? std::getenv("ACCEL_TEST_TMP") : "/tmp") / "parallel_mpi";
+  std::filesystem::create_directories(out.parent_path());
+  for (int accumulation : {1, 2}) {
+    int64_t per_rank = accumulation == 1 ? 32 : 16;
+    auto name = out.string() + "_acc" + std::to_string(accumulation);
+    train_w<accel::backend::Mpi>(name, 20, per_rank, accumulation);
+    accel::Accelerator<accel::backend::Mpi> acc;
+    acc.wait_for_everyone();
+    if (acc.is_main_process()) check_equivalent(name, 2, 20 / accumulation);
+    acc.wait_for_everyone();
+  }
+}
+#endif
