@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `accel` command: config | launch | env. Flags mirror `accelerate`;
+// the work is done in the headers beside this file.
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "config_command.hpp"
+#include "env_command.hpp"
+#include "launch_command.hpp"
+
+namespace {
+
+template <class T>
+void set_if(const CLI::Option* opt, const T& value, std::optional<T>& into) {
+  if (opt->count() > 0) into = value;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"accel: configure and launch programs built with accel (Accelerate for LibTorch)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(accel::version_string));
+
+  auto* config = app.add_subcommand(
+      "config", "Write the config file `accel launch` reads; asks questions unless --default");
+  bool use_default = false;
+  std::string mixed_precision = "no", config_file;
+  config->add_flag("--default", use_default, "Write the basic config without questions");
+  auto* config_mp = config->add_option("--mixed_precision", mixed_precision, "no | fp16 | bf16")
+                        ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  auto* config_path = config->add_option("--config_file", config_file,
+                                         "Where to write (default: accel::default_config_path())");
+
+  auto* launch = app.add_subcommand("launch", "Start PROGRAM [ARGS...] on N local processes");
+  launch->prefix_command();  // everything from PROGRAM on belongs to the program
+  accel::cli::LaunchFlags f;
+  int num_processes = 0, num_machines = 0, machine_rank = 0, port = 0, threads = 0;
+  std::string ip, launch_mp, backend, launch_config, gpu_ids, tee = "0";
+  auto* o_np = launch->add_option("--num_processes", num_processes,
+                                  "Processes in total over all machines");
+  auto* o_nm = launch->add_option("--num_machines", num_machines, "Machines taking part");
+  auto* o_mr = launch->add_option("--machine_rank", machine_rank, "This machine's rank");
+  auto* o_ip = launch->add_option("--main_process_ip", ip, "Address of machine 0");
+  auto* o_port = launch->add_option("--main_process_port", port,
+                                    "Rendezvous port on machine 0 (0: pick a free one)");
+  auto* o_mp = launch->add_option("--mixed_precision", launch_mp, "no | fp16 | bf16")
+                   ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  auto* o_be = launch->add_option("--backend", backend, "gloo | mpi | nccl (ACCEL_BACKEND)")
+                   ->check(CLI::IsMember({"gloo", "mpi", "nccl"}));
+  auto* o_cf = launch->add_option("--config_file", launch_config, "Config file to read");
+  auto* o_gpu = launch->add_option("--gpu_ids", gpu_ids, "CUDA devices to use (\"all\" or 0,1,...)");
+  auto* o_thr = launch->add_option("--num_cpu_threads_per_process", threads,
+                                   "OMP_NUM_THREADS (default: cores / local processes)");
+  launch->add_flag("--cpu", f.cpu, "Run on CPU only (ACCEL_USE_CPU=yes)");
+  launch->add_flag("--debug", f.debug, "Extra checks in the processes (ACCEL_DEBUG_MODE=yes)");
+  launch->add_flag("--prefix_output", f.prefix_output, "Prefix output lines with \"[rank N] \"");
+  auto* o_tee = launch->add_option("-t,--tee", tee, "As accelerate: anything but 0 prefixes output");
+  launch->add_flag("-q,--quiet", f.quiet, "No notes from accel about the choices it made");
+  launch->add_option("--grace_period", f.grace_period,
+                     "Seconds between SIGTERM and SIGKILL when stopping processes")
+      ->check(CLI::NonNegativeNumber);
+
+  auto* env = app.add_subcommand("env", "Print versions, backends, cores and the config in effect");
+  std::string env_config;
+  auto* o_env_cf = env->add_option("--config_file", env_config, "Config file to show");
+
+  // `accel launch [OPTIONS] -- PROGRAM ...`: CLI11 would take what follows "--"
+  // as extras; parse up to it and hand the rest to the program, unless the
+  // program came earlier (then "--" is one of its own arguments).
+  std::vector<std::string> after_dashes;
+  try {
+    int until = argc;
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]) == "--") {
+        until = i;
+        break;
+      }
+    app.parse(until, argv);
+    if (until < argc && *launch && launch->remaining().empty()) {
+      after_dashes.assign(argv + until + 1, argv + argc);
+    } else if (until < argc) {
+      app.parse(argc, argv);
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*config) {
+      std::optional<std::string> path;
+      set_if(config_path, config_file, path);
+      (void)config_mp;
+      return accel::cli::run_config(use_default, mixed_precision, path, std::cin, std::cout);
+    }
+    if (*launch) {
+      set_if(o_np, num_processes, f.num_processes);
+      set_if(o_nm, num_machines, f.num_machines);
+      set_if(o_mr, machine_rank, f.machine_rank);
+      set_if(o_port, port, f.main_process_port);
+      set_if(o_ip, ip, f.main_process_ip);
+      set_if(o_mp, launch_mp, f.mixed_precision);
+      set_if(o_be, backend, f.backend);
+      set_if(o_cf, launch_config, f.config_file);
+      set_if(o_gpu, gpu_ids, f.gpu_ids);
+      set_if(o_thr, threads, f.num_cpu_threads_per_process);
+      if (o_tee->count() > 0 && tee != "0") f.prefix_output = true;
+      f.command = after_dashes.empty() ? launch->remaining() : after_dashes;
+      return accel::cli::run_launch(f);
+    }
+    if (*env) {
+      std::optional<std::string> path;
+      set_if(o_env_cf, env_config, path);
+      return accel::cli::run_env(path, std::cout);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
