@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include <accel/launch/notebook_launcher.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/runtime/gloo_communicator.hpp>
 #include <accel/runtime/store.hpp>
@@ -325,6 +326,21 @@ TEST_CASE("gloo: wrong shapes are accel errors", "[runtime][gloo]") {
   std::filesystem::remove(path);
 }
 
+// The way backends use it: workers started by accel's own launcher discover
+// their ranks from the environment and meet on MASTER_ADDR:MASTER_PORT.
+TEST_CASE("gloo through notebook_launcher and ProcessEnv::discover", "[runtime][gloo]") {
+  accel::LaunchOptions o;
+  o.num_processes = 3;
+  o.master_port = 0;
+  o.timeout = std::chrono::seconds(120);
+  REQUIRE_NOTHROW(accel::notebook_launcher(
+      [](std::chrono::seconds t) {
+        auto comm = make_gloo_communicator(ProcessEnv::discover(), GlooOptions{t, std::nullopt});
+        check_collectives(*comm);
+      },
+      std::make_tuple(std::chrono::seconds(30)), o));
+}
+
 #if ACCEL_WITH_MPI
 namespace {
 /// MPI has no 16-bit float types: accel reduces them in float32.
@@ -416,4 +432,21 @@ TEST_CASE("make_store: ranks that start before rank 0 wait for it", "[runtime][s
     if (rank == 0) store->wait({"bye"});
   });
   require_all_zero(codes);
+}
+
+TEST_CASE("mpi through notebook_launcher (singleton join)", "[runtime][mpi_join]") {
+  if (accel::runtime::detail::find_program("ompi-server").empty()) {
+    WARN("ompi-server not on PATH: skipped");
+    return;
+  }
+  accel::LaunchOptions o;
+  o.num_processes = 2;
+  o.master_port = 0;
+  o.timeout = std::chrono::seconds(120);
+  REQUIRE_NOTHROW(accel::notebook_launcher(
+      [] {
+        auto comm = make_mpi_communicator(ProcessEnv::discover(), MpiOptions{30s, std::nullopt});
+        check_collectives(*comm);
+      },
+      std::make_tuple(), o));
 }
