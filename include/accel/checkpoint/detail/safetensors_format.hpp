@@ -167,17 +167,21 @@ inline TensorInfo parse_entry(const std::string& name, const json& entry, std::u
   // Element count with overflow checks: a dimension must also fit int64_t,
   // which is what LibTorch's sizes are.
   std::uint64_t numel = 1;
-  bool overflow = false;
+  bool overflow = false, zero = false;
   for (const json& d : shape) {
     const std::uint64_t dim = to_u64(d, source, where + ": a shape dimension");
     if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       fail_format(source, where + " has shape dimension " + std::to_string(dim) +
                               ", larger than a tensor can have");
     info.shape.push_back(static_cast<std::int64_t>(dim));
-    if (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / dim) overflow = true;
-    numel *= dim;  // wraps only when overflow is already recorded (or dim == 0)
+    if (dim == 0) zero = true;
+    else if (numel > std::numeric_limits<std::uint64_t>::max() / dim) overflow = true;
+    numel *= dim;  // may wrap: then overflow is recorded
   }
-  if (numel == 0) overflow = false;  // any zero dimension makes the count exact
+  if (zero) {  // a zero dimension makes the count exactly 0
+    numel = 0;
+    overflow = false;
+  }
   if (overflow || numel > std::numeric_limits<std::uint64_t>::max() / *elem)
     fail_format(source, where + " has shape " + shape.dump() +
                             " whose byte size overflows 64 bits");

@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines SaveModelOptions and the file side of save_model: a module's
+/// parameters and buffers to safetensors shards plus Hugging Face's index, and
+/// back into a module.
+#ifndef ACCEL_CHECKPOINT_SAVE_MODEL_HPP
+#define ACCEL_CHECKPOINT_SAVE_MODEL_HPP
+
+#include <accel/checkpoint/detail/file_io.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/errors.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+/// Options of Accelerator::save_model.
+struct SaveModelOptions {
+  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
+  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
+  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
+  /// a shard of its own.
+  std::string max_shard_size = "10GB";
+};
+
+}  // namespace accel
+
+namespace accel::checkpoint {
+
+inline constexpr std::string_view kModelFile = "model.safetensors";
+inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
+
+/// Bytes meant by a size string such as "10GB" (see SaveModelOptions).
+inline std::uint64_t parse_size(std::string_view text) {
+  const auto bad = [&](const char* why) {
+    return Error(accel::detail::concat("accel: max_shard_size '", text, "' ", why,
+                                       ". Write a positive size such as \"10GB\", \"500MB\", "
+                                       "\"2GiB\" or a number of bytes."));
+  };
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const auto ends_with_ci = [&](std::string_view suffix) {
+    if (s.size() < suffix.size()) return false;
+    for (std::size_t i = 0; i < suffix.size(); ++i)
+      if (std::toupper(static_cast<unsigned char>(s[s.size() - suffix.size() + i])) != suffix[i])
+        return false;
+    return true;
+  };
+  long double unit = 1;
+  std::size_t unit_len = 0;
+  static constexpr std::pair<std::string_view, long double> kUnits[] = {
+      {"GIB", 1073741824.0L}, {"MIB", 1048576.0L}, {"KIB", 1024.0L},
+      {"GB", 1e9L}, {"MB", 1e6L}, {"KB", 1e3L}};
+  for (const auto& [suffix, factor] : kUnits) {
+    if (ends_with_ci(suffix)) {
+      unit = factor;
+      unit_len = suffix.size();
+      break;
+    }
+  }
+  const bool bits = unit_len == 2 && s.back() == 'b';  // Accelerate: "Gb" etc. are bits
+  std::string_view number = s.substr(0, s.size() - unit_len);
+  while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back())))
+    number.remove_suffix(1);
+  // Digits with at most one decimal point: no sign, exponent, inf or nan.
+  long double value = 0, scale = 1;
+  bool digits = false, point = false;
+  for (const char c : number) {
+    if (c == '.' && !point && unit_len != 0) {
+      point = true;
+    } else if (c >= '0' && c <= '9') {
+      digits = true;
+      if (point) value += (scale /= 10) * (c - '0');
+      else value = value * 10 + (c - '0');
+    } else {
+      throw bad("is not a size");
+    }
+  }
+  if (!digits) throw bad("is not a size");
+  long double bytes = value * unit;
+  if (bits) bytes /= 8;
+  if (bytes >= 9.2e18L) throw bad("is too large");
+  const auto result = static_cast<std::uint64_t>(bytes);
+  if (result == 0) throw bad("is zero");
+  return result;
+}
+
+/// The module's parameters and buffers under the names the module gives them
+/// ("0.weight" in a Sequential), in state_dict order: each module's own
+/// parameters, then its buffers, then its children.
+inline NamedTensors module_state(const torch::nn::Module& module) {
+  NamedTensors out;
+  module.apply(torch::nn::Module::ConstNamedModuleApplyFunction(
+      [&](const std::string& prefix, const torch::nn::Module& m) {
+        const auto add = [&](const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+          for (const auto& item : dict)
+            if (item.value().defined())
+              out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(),
+                               item.value());
+        };
+        add(m.named_parameters(/*recurse=*/false));
+        add(m.named_buffers(/*recurse=*/false));
+      }));
+  return out;
+}
+
+namespace detail {
+
+/// "model-00001-of-00003.safetensors"
+inline std::string shard_name(std::size_t index, std::size_t count) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "model-%05zu-of-%05zu.safetensors", index, count);
+  return buffer;
+}
+
+inline bool is_shard_name(std::string_view name) {
+  if (name.size() != shard_name(1, 1).size()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const bool digit_slot = (i >= 6 && i < 11) || (i >= 15 && i < 20);
+    const char expected = shard_name(1, 1)[i];
+    if (digit_slot ? !std::isdigit(static_cast<unsigned char>(name[i])) : name[i] != expected)
+      return false;
+  }
+  return true;
+}
+
+/// Greedy split in key order, as Accelerate/Hugging Face: a new shard starts
+/// when the next tensor would push the current one past `limit` (a tensor
+/// larger than the limit thus gets its own shard); a tensor tied to an earlier
+/// one costs nothing and joins that one's shard, where it is saved once.
+inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::uint64_t limit,
+                                              std::uint64_t& total_size) {
+  std::vector<NamedTensors> shards(1);
+  std::vector<std::pair<const torch::Tensor*, std::size_t>> owners;  // stored tensor -> shard
+  std::uint64_t current = 0;
+  total_size = 0;
+  for (const auto& entry : state) {
+    const auto tied = std::find_if(owners.begin(), owners.end(), [&](const auto& o) {
+      return checkpoint::detail::same_view(*o.first, entry.second);
+    });
+    if (tied != owners.end()) {
+      shards[tied->second].push_back(entry);
+      continue;
+    }
+    const auto bytes =
+        static_cast<std::uint64_t>(entry.second.numel()) * entry.second.element_size();
+    if (current + bytes > limit && !shards.back().empty()) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(entry);
+    owners.emplace_back(&entry.second, shards.size() - 1);
+    current += bytes;
+    total_size += bytes;
+  }
+  return shards;
+}
+
+inline std::string read_small_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail_io("read", path, ec.value());
+  ACCEL_CHECK(size <= checkpoint::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
+              "' has ", size, " bytes, more than an index can need. Check the file.");
+  std::string text(static_cast<std::size_t>(size), '\0');
+  checkpoint::detail::ReadFile(path).read_at(0, text.data(), text.size());
+  return text;
+}
+
+/// Tensors of a Hugging Face index and its shards, checked against each other.
+inline NamedTensors load_index(const std::filesystem::path& index_path) {
+  const std::string source = index_path.string();
+  const auto fail = [&](const std::string& problem) -> Error {
+    return Error("accel: invalid safetensors index '" + source + "': " + problem +
+                 ". Save the model again.");
+  };
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_small_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("it is not valid JSON (") + e.what() + ")");
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw fail("it has no \"weight_map\" object");
+  std::vector<std::string> files;  // in order of first mention
+  std::map<std::string, std::string> where;
+  for (const auto& [key, file] : index["weight_map"].items()) {
+    if (!file.is_string()) throw fail("the entry of '" + key + "' is not a file name");
+    const std::string name = file.get<std::string>();
+    // Only plain names in the index's directory: an index must not reach elsewhere.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      throw fail("the file name '" + name + "' of '" + key + "' is not a plain file name");
+    if (std::find(files.begin(), files.end(), name) == files.end()) files.push_back(name);
+    where.emplace(key, name);
+  }
+  NamedTensors out;
+  std::map<std::string, std::string> found;  // tensor -> file it came from
+  for (const auto& name : files) {
+    for (auto& entry : read_safetensors(index_path.parent_path() / name).tensors) {
+      if (!found.emplace(entry.first, name).second)
+        throw fail("tensor '" + entry.first + "' is in both '" + found[entry.first] + "' and '" +
+                   name + "'");
+      out.push_back(std::move(entry));
+    }
+  }
+  for (const auto& [key, file] : where)
+    if (found.count(key) == 0 || found[key] != file)
+      throw fail("it places '" + key + "' in '" + file + "', which does not hold it");
+  return out;
+}
+
+inline std::string list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return "[" + out + "]";
+}
+
+}  // namespace detail
+
+/// Every tensor of a checkpoint: a directory (holding model.safetensors or
+/// model.safetensors.index.json), a .safetensors file or an index file.
+inline NamedTensors load_checkpoint(const std::filesystem::path& dir_or_file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(dir_or_file, ec)) {
+    if (fs::exists(dir_or_file / kModelFile, ec)) return load_safetensors(dir_or_file / kModelFile);
+    if (fs::exists(dir_or_file / kIndexFile, ec)) return detail::load_index(dir_or_file / kIndexFile);
+    throw Error("accel: directory '" + dir_or_file.string() + "' holds neither " +
+                std::string(kModelFile) + " nor " + std::string(kIndexFile) +
+                ". Pass the directory save_model wrote to, or a .safetensors file.");
+  }
+  const std::string name = dir_or_file.filename().string();
+  if (name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0)
+    return detail::load_index(dir_or_file);
+  return load_safetensors(dir_or_file);
+}
+
+/// Saves module's parameters and buffers to dir (created if needed): one
+/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
+/// model.safetensors.index.json when they exceed options.max_shard_size.
+/// Tied tensors are saved once; stale shards of an earlier save are removed.
+inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
+                        const SaveModelOptions& options = {}) {
+  namespace fs = std::filesystem;
+  const std::uint64_t limit = parse_size(options.max_shard_size);
+  std::uint64_t total_size = 0;
+  const auto shards = detail::split_shards(module_state(module), limit, total_size);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error("accel: cannot create the checkpoint directory '" + dir.string() + "': " +
+                ec.message() + ". Pass a directory path that can be written.");
+
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    save_safetensors(dir / kModelFile, shards[0]);
+    written.insert(std::string(kModelFile));
+  } else {
+    nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                            {"weight_map", nlohmann::json::object()}};
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string name = detail::shard_name(i + 1, shards.size());
+      save_safetensors(dir / name, shards[i]);
+      written.insert(name);
+      // Only stored tensors, as Hugging Face lists them; tied names live in
+      // the shard's metadata.
+      for (const auto& [key, tensor] : shards[i]) {
+        const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
+          return checkpoint::detail::same_view(e.second, tensor);
+        });
+        if (owner == shards[i].end() || owner->first == key) index["weight_map"][key] = name;
+      }
+    }
+    checkpoint::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
+    written.insert(std::string(kIndexFile));
+  }
+  // Files of an earlier save that this one did not rewrite would mix two
+  // models at load time.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name);
+    if (ours && written.count(name) == 0 && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
+  }
+}
+
+/// Copies a checkpoint (see load_checkpoint) into module's existing
+/// parameters and buffers. Missing or unexpected keys, or a shape or dtype
+/// that differs, throw accel::Error listing every such key, before anything
+/// is copied: the module is then left as it was.
+inline void load_module(torch::nn::Module& module, const std::filesystem::path& dir_or_file) {
+  const NamedTensors loaded = load_checkpoint(dir_or_file);
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  const NamedTensors targets = module_state(module);
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [key, target] : targets) {
+    expected.insert(key);
+    const auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream why;
+      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes()
+          << ", module " << target.scalar_type() << target.sizes() << ")";
+      mismatched.push_back(why.str());
+    }
+  }
+  for (const auto& [key, tensor] : loaded)
+    if (expected.count(key) == 0) unexpected.push_back(key);
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string problem;
+    if (!missing.empty()) problem += "; missing keys " + detail::list(missing);
+    if (!unexpected.empty()) problem += "; unexpected keys " + detail::list(unexpected);
+    if (!mismatched.empty()) problem += "; mismatched keys " + detail::list(mismatched);
+    throw Error("accel: cannot load '" + dir_or_file.string() + "' into the module" + problem +
+                ". Nothing was loaded: load a checkpoint saved from the same model.");
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, target] : targets) {
+    torch::Tensor t = target;  // shares the module's tensor
+    t.copy_(by_name.at(key));
+  }
+}
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_SAVE_MODEL_HPP
