@@ -6,7 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <numeric>
 #include <set>
+#include <string>
 
 using accel::data::LoaderOptions;
 using accel::data::make_data_loader;
@@ -197,4 +200,43 @@ TEST_CASE("shuffle: torch.randperm order seeded with seed + epoch", "[data][shuf
     CHECK(a != c);
     CHECK(collect(other) != a);  // epoch 1 differs from epoch 0
   }
+}
+
+TEST_CASE("sharding equals Accelerate's BatchSamplerShard over a full sweep", "[data][shard]") {
+  // Reference: Accelerate's BatchSamplerShard (huggingface/accelerate @000e52b,
+  // src/accelerate/data_loader.py) run with Python torch 1.13 over
+  // BatchSampler(SequentialSampler(range(n)), bs, drop_last) for the sweep
+  // below, printed one line per rank as
+  // "<n> <bs> <P> <rank> <split> <even> <drop> <len(list(shard))>:[i,...,]...\n".
+  // Those 4816 lines (109979 bytes) hash to the FNV-1a 64 value below; here
+  // the same text is built from shard_batches() and sharded_num_batches().
+  std::string text;
+  char line[64];
+  for (size_t n = 0; n <= 13; ++n)
+    for (int64_t bs = 1; bs <= 5; ++bs)
+      for (int P = 2; P <= 5; ++P)
+        for (int f = 0; f < 8; ++f) {
+          const bool split = f & 1, even = f & 2, drop = f & 4;
+          if (split && bs % P) continue;
+          for (int r = 0; r < P; ++r) {
+            const ShardSpec spec{r, P, split, even};
+            std::vector<size_t> order(n);
+            std::iota(order.begin(), order.end(), size_t{0});
+            const auto batches = accel::data::shard_batches(accel::data::make_batches(order, bs, drop), bs, drop, spec);
+            std::snprintf(line, sizeof line, "%zu %ld %d %d %d %d %d %ld:", n, static_cast<long>(bs), P, r,
+                          int(split), int(even), int(drop),
+                          static_cast<long>(accel::data::sharded_num_batches(static_cast<int64_t>(n), bs, drop, spec)));
+            text += line;
+            for (const auto& b : batches) {
+              text += '[';
+              for (size_t i : b) text += std::to_string(i) + ',';
+              text += ']';
+            }
+            text += '\n';
+          }
+        }
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
+  CHECK(text.size() == 109979);
+  CHECK(h == 0x4c8256024d3ef2e8ULL);
 }
