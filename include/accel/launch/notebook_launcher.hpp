@@ -46,8 +46,10 @@ void run_workers(const LaunchOptions& o, const char* what, Body&& body) {
   po.timeout = o.timeout;
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
-  PoolOutcome out;
-  {
+  // Fork from a fresh thread that stays until the workers are reaped: GNU
+  // OpenMP's thread pool lives in the forking thread, and a child forked from a
+  // thread that already ran a parallel region hangs in its first one.
+  PoolOutcome out = on_fresh_thread([&] {
     WorkerPool pool(po);
     for (int local = 0; local < o.num_processes; ++local) {
       EnvList env = rank_environment(o, local);
@@ -62,8 +64,8 @@ void run_workers(const LaunchOptions& o, const char* what, Body&& body) {
         }
       });
     }
-    out = pool.wait();
-  }  // the pool restored the parent's signal handlers here
+    return pool.wait();
+  });  // the pool restored the parent's signal handlers here
   if (out.interrupted_by != 0) {
     // Workers are stopped; now let the signal do what it would have done.
     std::raise(out.interrupted_by);

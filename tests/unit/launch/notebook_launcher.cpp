@@ -456,3 +456,29 @@ TEST_CASE("SIGINT to the launcher stops its workers, then acts as usual", "[laun
   for (int r : {0, 1})
     CHECK(process_gone(std::stoi(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["pid"])));
 }
+
+TEST_CASE("workers use OpenMP threads even after the launcher's process did", "[launch]") {
+  // GNU OpenMP is not fork-safe: a child forked from a thread that already ran
+  // a parallel region hangs in its first one. The launcher forks from a fresh thread.
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  std::atomic<int> seen{0};
+  at::parallel_for(0, 1000, 1, [&](int64_t b, int64_t e) { seen += static_cast<int>(e - b); });
+  REQUIRE(seen == 1000);
+  at::set_num_threads(before);
+  ::setenv("OMP_NUM_THREADS", "2", 1);
+  const fs::path dir = fresh_dir("openmp");
+  accel::notebook_launcher(
+      [](const std::string& d) {
+        std::atomic<int> n{0};
+        at::parallel_for(0, 1000, 1, [&](int64_t b, int64_t e) { n += static_cast<int>(e - b); });
+        write_report(d, std::to_string(n.load()));
+      },
+      std::make_tuple(dir.string()), {.num_processes = 2, .timeout = 60s});
+  ::unsetenv("OMP_NUM_THREADS");
+  for (int r : {0, 1}) {
+    auto kv = read_report(dir / ("rank" + std::to_string(r) + ".txt"));
+    CHECK(kv["extra"] == "1000");
+    CHECK(kv["threads"] == "2");
+  }
+}

@@ -16,11 +16,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -431,6 +433,27 @@ class WorkerPool {
   std::vector<Worker> workers_;
   bool stopping_ = false;
 };
+
+/// Runs f() on a new thread, waits for it and returns its result (or rethrows).
+/// Fork C++-function workers from such a thread: a child inherits the forking
+/// thread's GNU OpenMP pool, whose threads do not exist in the child, so its
+/// first parallel region would hang; a fresh thread has no pool. The thread must
+/// outlive the workers, because PR_SET_PDEATHSIG follows the forking thread.
+template <class F>
+auto on_fresh_thread(F&& f) -> decltype(f()) {
+  std::optional<decltype(f())> result;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      result.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) std::rethrow_exception(error);
+  return std::move(*result);
+}
 
 }  // namespace accel::detail::launch
 
