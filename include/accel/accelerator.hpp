@@ -53,7 +53,9 @@ std::vector<torch::Tensor> parameters_of(T&& params) {
 template <class Backend = backend::SingleDevice, class Precision = precision::Fp32,
           class Shard = shard::Replicate>
 class Accelerator {
-  static constexpr bool valid_ = check_accelerator_policies<Backend, Precision, Shard>::value;
+  // The checks' own static_asserts carry the messages; this one instantiates them.
+  static_assert(check_accelerator_policies<Backend, Precision, Shard>::value,
+                "accel: invalid Accelerator<Backend, Precision, Shard>; see the message above.");
 
  public:
   using backend_type = Backend;

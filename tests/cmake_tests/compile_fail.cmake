@@ -1,0 +1,19 @@
+# Compile-fail tests: each _fail.cpp must not compile and must fail with its
+# "accel:" message; each _ok.cpp twin must compile (it is built with the tests).
+set(_cf ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail)
+accel_add_compile_fail_test(NAME prepare_unsupported_argument
+  SOURCE ${_cf}/prepare_unsupported_argument_fail.cpp
+  REGEX "accel: prepare\\(\\) argument is not a model.*prepare_argument_is_not_a_model_optimizer_loader_or_scheduler<1, int>")
+accel_add_compile_fail_test(NAME shard_with_single_device
+  SOURCE ${_cf}/shard_with_single_device_fail.cpp
+  REGEX "accel: shard::ShardOptimizer and shard::ShardGradients need more than one process")
+if(NOT TORCH_CUDA_LIBRARIES)
+  accel_add_compile_fail_test(NAME nccl_without_nccl
+    SOURCE ${_cf}/nccl_without_nccl_fail.cpp
+    REGEX "accel: backend::Nccl is not available in this build")
+endif()
+foreach(_ok prepare_unsupported_argument shard_with_single_device nccl_without_nccl)
+  add_executable(compile_ok_${_ok} ${_cf}/${_ok}_ok.cpp)
+  target_link_libraries(compile_ok_${_ok} PRIVATE accel::accel Catch2::Catch2)
+  target_precompile_headers(compile_ok_${_ok} REUSE_FROM accel_test_pch)
+endforeach()
