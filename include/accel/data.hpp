@@ -10,6 +10,7 @@
 #include <accel/data/loader_options.hpp>
 #include <accel/data/loader_state.hpp>
 #include <accel/data/make_data_loader.hpp>
+#include <accel/data/tensor_dataset.hpp>
 #include <accel/data/to_device.hpp>
 
 #endif  // ACCEL_DATA_HPP

@@ -74,7 +74,12 @@ class DataLoader {
 
   /// The epoch the next loop runs (seeds its shuffle). Call before each loop,
   /// as in Accelerate, or rely on the automatic advance after a full loop.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  /// Also calls dataset().set_epoch(epoch) when the dataset has one (as
+  /// Accelerate's DataLoaderShard.set_epoch does).
+  void set_epoch(int64_t epoch) {
+    epoch_ = epoch;
+    if constexpr (requires(Dataset& d) { d.set_epoch(epoch); }) dataset_->set_epoch(epoch);
+  }
   int64_t epoch() const { return epoch_; }
 
   /// Batches this rank yields per epoch (exact, also for uneven shards).

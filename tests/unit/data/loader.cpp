@@ -321,3 +321,48 @@ TEST_CASE("is_data_loader_v", "[data]") {
   static_assert(!accel::data::MapStyleDataset<int>);
   SUCCEED();
 }
+
+TEST_CASE("TensorDataset reads whole batches, equal to per-sample stacking", "[data][collate]") {
+  torch::manual_seed(0);
+  const auto x = torch::randn({23, 3}), y = torch::randint(0, 10, {23});
+  struct PerSample : torch::data::datasets::Dataset<PerSample> {
+    torch::Tensor x, y;
+    PerSample(torch::Tensor x, torch::Tensor y) : x(std::move(x)), y(std::move(y)) {}
+    torch::data::Example<> get(size_t i) override { return {x[static_cast<int64_t>(i)], y[static_cast<int64_t>(i)]}; }
+    torch::optional<size_t> size() const override { return static_cast<size_t>(x.size(0)); }
+  };
+  const LoaderOptions o{.batch_size = 4, .shuffle = true, .seed = 9};
+  for (int workers : {0, 2}) {
+    LoaderOptions ow = o;
+    ow.num_workers = workers;
+    auto fast = make_data_loader(accel::data::TensorDataset(x, y), ow).sharded(ShardSpec{1, 2, true, true});
+    auto slow = make_data_loader(PerSample(x, y), o).sharded(ShardSpec{1, 2, true, true});
+    static_assert(std::is_same_v<decltype(fast)::batch_type, torch::data::Example<>>);
+    std::vector<torch::data::Example<>> a, b;
+    for (auto& e : fast) a.push_back(e);
+    for (auto& e : slow) b.push_back(e);
+    REQUIRE(a.size() == b.size());
+    REQUIRE(static_cast<int64_t>(a.size()) == fast.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(torch::equal(a[i].data, b[i].data));
+      CHECK(torch::equal(a[i].target, b[i].target));
+    }
+    a.front().data.zero_();  // a copy: the dataset is unchanged
+    CHECK(torch::equal(fast.dataset().data(), x));
+  }
+  CHECK_THROWS_WITH(accel::data::TensorDataset(x, torch::zeros({5})),
+                    Catch::Contains("accel: TensorDataset got 23 samples but 5 targets"));
+}
+
+TEST_CASE("set_epoch reaches a dataset that has one", "[data]") {
+  struct EpochAware : accel_test::IndexDataset {
+    using IndexDataset::IndexDataset;
+    void set_epoch(int64_t e) { *seen = e; }
+    std::shared_ptr<int64_t> seen = std::make_shared<int64_t>(-1);
+  };
+  EpochAware ds(4);
+  auto loader = make_data_loader(ds, LoaderOptions{});
+  loader.set_epoch(3);
+  CHECK(*ds.seen == 3);
+  CHECK(loader.epoch() == 3);
+}
