@@ -1,0 +1,19 @@
+# accel env prints versions, backends, cores and the config in effect.
+. "$(dirname "$0")/common.sh"
+version="$3"
+
+out=$("$ACCEL" env 2>&1) || fail "$out"
+contains "$out" "accel version: $version"
+contains "$out" "LibTorch version: "
+contains "$out" "CUDA: "
+contains "$out" "MPI: "
+contains "$out" "Backends compiled in: SingleDevice, Gloo"
+contains "$out" "CPU cores available: "
+contains "$out" "Config file: $ACCEL_CONFIG_FILE (not found"
+
+"$ACCEL" config --default --mixed_precision fp16 >/dev/null 2>&1 || fail "config --default failed"
+out=$("$ACCEL" env 2>&1) || fail "$out"
+contains "$out" "Config file: $ACCEL_CONFIG_FILE"
+contains "$out" '"mixed_precision": "fp16"'
+[ "$("$ACCEL" --version)" = "$version" ] || fail "--version is not $version"
+echo PASS

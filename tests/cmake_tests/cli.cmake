@@ -1,0 +1,10 @@
+# Tests of the `accel` command (tools/cli): each runs the built binary from a
+# POSIX sh script under tests/cli/ with its own scratch directory.
+if(TARGET accel_cli)
+  foreach(_t config_default config_interactive launch_env launch_failure launch_ports env)
+    add_test(NAME cli.${_t}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/${_t}.sh $<TARGET_FILE:accel_cli>
+              ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_${_t} ${PROJECT_VERSION})
+    set_tests_properties(cli.${_t} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS cli)
+  endforeach()
+endif()
