@@ -105,7 +105,11 @@ inline void save_safetensors(const std::filesystem::path& path, const NamedTenso
   std::vector<torch::Tensor> stored;  // CPU, contiguous, in file order
   std::vector<std::pair<std::string, const torch::Tensor*>> originals;
   std::uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& entry : tensors) {
+    // Named references, not a structured binding: lambdas below capture them
+    // (clang 14 cannot capture structured bindings).
+    const std::string& name = entry.first;
+    const torch::Tensor& tensor = entry.second;
     ACCEL_CHECK(name != checkpoint::detail::kMetadataKey, "accel: cannot save a tensor named '",
                 name, "' to '", source, "': the name is reserved by the format. Rename it.");
     ACCEL_CHECK(names.insert(name).second, "accel: the tensor name '", name,

@@ -278,11 +278,12 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
       written.insert(name);
       // Only stored tensors, as Hugging Face lists them; tied names live in
       // the shard's metadata.
-      for (const auto& [key, tensor] : shards[i]) {
+      for (const auto& entry : shards[i]) {
         const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
-          return checkpoint::detail::same_view(e.second, tensor);
+          return checkpoint::detail::same_view(e.second, entry.second);
         });
-        if (owner == shards[i].end() || owner->first == key) index["weight_map"][key] = name;
+        if (owner == shards[i].end() || owner->first == entry.first)
+          index["weight_map"][entry.first] = name;
       }
     }
     checkpoint::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");

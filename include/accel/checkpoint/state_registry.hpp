@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::checkpoint::StateRegistry (what save_state() writes
+/// and load_state() restores, recorded as the Accelerator prepares it) and the
+/// Checkpointable concept of register_for_checkpointing().
+#ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+#define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+
+#include <accel/data/loader_options.hpp>
+#include <accel/data/data_loader.hpp>
+#include <accel/detail/training_state.hpp>
+#include <accel/precision/loss_scaler.hpp>
+#include <accel/prepared/model.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+/// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
+/// torch::optim optimizers, accel::sched schedulers, or a user type.
+template <class T>
+concept ArchiveCheckpointable = requires(T& t, const T& ct, torch::serialize::OutputArchive& out,
+                                         torch::serialize::InputArchive& in) {
+  ct.save(out);
+  t.load(in);
+};
+
+/// state_dict() returning a value a c10::IValue can hold (torch::Tensor,
+/// std::vector<torch::Tensor>, int64_t, double, std::string, c10::Dict, ...)
+/// and load_state_dict() taking that value back.
+template <class T>
+concept StateDictCheckpointable = requires(T& t, const c10::IValue& v) {
+  c10::IValue(t.state_dict());
+  t.load_state_dict(v.to<std::remove_cvref_t<decltype(t.state_dict())>>());
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool is_lr_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, T>;
+
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {
+  using element = T;
+};
+}  // namespace detail
+
+/// What register_for_checkpointing() accepts: an ArchiveCheckpointable or
+/// StateDictCheckpointable object, a torch::nn module holder or shared_ptr, a
+/// torch::optim::LRScheduler (its step count is saved: the learning rates
+/// themselves live in the optimizer's state), or a std::shared_ptr to any of
+/// these. The first that applies, in this order: module, archive, state_dict,
+/// LRScheduler.
+template <class T>
+concept Checkpointable =
+    accel::detail::is_model_v<T> || ArchiveCheckpointable<T> || StateDictCheckpointable<T> ||
+    detail::is_lr_scheduler_v<T> ||
+    (detail::is_shared_ptr<T>::value &&
+     (ArchiveCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      StateDictCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      detail::is_lr_scheduler_v<typename detail::is_shared_ptr<T>::element>));
+
+namespace detail {
+
+// LRScheduler keeps its step count in a protected member and offers no
+// accessor (LibTorch 1.13 and 2.x); a pointer to member formed through a
+// derived class reads it for any scheduler.
+struct LRSchedulerAccess : torch::optim::LRScheduler {
+  static auto step_count_member() { return &LRSchedulerAccess::step_count_; }
+};
+
+/// save/load closures for one object (the object must outlive them).
+struct Archived {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+template <class T>
+Archived archived(T& obj) {
+  if constexpr (accel::detail::is_model_v<T>) {
+    auto* m = accel::detail::module_ptr(obj);
+    return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
+  } else if constexpr (ArchiveCheckpointable<T>) {
+    T* p = &obj;
+    return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
+  } else if constexpr (StateDictCheckpointable<T>) {
+    using S = std::remove_cvref_t<decltype(obj.state_dict())>;
+    T* p = &obj;
+    return {[p](auto& out) { out.write("state_dict", c10::IValue(p->state_dict())); },
+            [p](auto& in) {
+              c10::IValue v;
+              in.read("state_dict", v);
+              p->load_state_dict(v.template to<S>());
+            }};
+  } else if constexpr (is_lr_scheduler_v<T>) {
+    torch::optim::LRScheduler* p = &obj;
+    return {[p](auto& out) {
+              out.write("step_count",
+                        torch::tensor(static_cast<int64_t>(p->*LRSchedulerAccess::step_count_member())));
+            },
+            [p](auto& in) {
+              torch::Tensor t;
+              in.read("step_count", t);
+              using C = std::remove_cvref_t<decltype(p->*LRSchedulerAccess::step_count_member())>;
+              p->*LRSchedulerAccess::step_count_member() = static_cast<C>(t.item<int64_t>());
+            }};
+  } else {
+    static_assert(is_shared_ptr<T>::value, "accel: not a Checkpointable type.");
+    ACCEL_CHECK(obj != nullptr, "accel: register_for_checkpointing got a null shared_ptr. ",
+                "Register the object itself.");
+    auto keep = obj;  // holds the object while the registry does
+    auto inner = archived(*keep);
+    return {[keep, s = inner.save](auto& out) { s(out); },
+            [keep, l = inner.load](auto& in) { l(in); }};
+  }
+}
+
+}  // namespace detail
+
+/// Everything an Accelerator saves, in the order it was prepared/registered.
+/// Filled by prepare() and register_for_checkpointing(); read by
+/// save_state()/load_state() (save_state.hpp).
+struct StateRegistry {
+  struct Loader {
+    std::function<data::LoaderCheckpoint()> position;
+    std::function<void(const data::LoaderCheckpoint&)> restore;
+  };
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<detail::Archived> optimizers;
+  std::vector<detail::Archived> schedulers;
+  std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
+  std::vector<Loader> loaders;
+  std::vector<detail::Archived> custom;
+  std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
+  std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
+  int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
+
+  template <class M>
+  void add_model(const M& model) {
+    auto* m = accel::detail::module_ptr(model);
+    // Aliasing pointer to the module the holder owns (and keeps alive).
+    if constexpr (requires { model.ptr(); })
+      models.push_back(std::shared_ptr<torch::nn::Module>(model.ptr(), m));
+    else
+      models.push_back(std::shared_ptr<torch::nn::Module>(model, m));
+  }
+
+  /// opt is kept alive by the registry.
+  template <class O>
+  void add_optimizer(std::shared_ptr<O> opt) {
+    O* p = opt.get();
+    optimizers.push_back({[opt, p](auto& out) { p->save(out); }, [opt, p](auto& in) { p->load(in); }});
+  }
+
+  template <class S>
+  void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {
+    auto a = detail::archived(*sched);
+    schedulers.push_back({[sched, s = a.save](auto& out) { s(out); },
+                          [sched, l = a.load](auto& in) { l(in); }});
+    scheduler_seen_steps.push_back(std::move(seen_steps));
+  }
+
+  /// A plain copy of the loader shares its position with the user's copy.
+  template <class L>
+  void add_loader(const L& loader) {
+    auto shared = std::make_shared<L>(loader);
+    loaders.push_back({[shared] { return shared->checkpoint(); },
+                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); }});
+  }
+
+  template <Checkpointable T>
+  void add_custom(T& obj) {
+    custom.push_back(detail::archived(obj));
+  }
+};
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
