@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages accel needs that are missing (idempotent: a
+# second run installs nothing). Usage: tools/setup.sh [--bench]
+#   --bench  also Debian's python3-torch (PyTorch's own DDP, for bench/)
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache python3 clang libclang-rt-14-dev
+  libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) with c10d; Gloo's headers
+  libopenblas0-pthread                # without it LibTorch falls back to the slow reference BLAS
+  libopenmpi-dev openmpi-bin          # backend::Mpi
+  libboost-dev catch2 nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libstb-dev libfmt-dev
+)
+if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch hyperfine); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
