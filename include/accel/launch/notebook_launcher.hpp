@@ -5,6 +5,8 @@
 #ifndef ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
 #define ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <exception>
 #include <functional>
@@ -41,9 +43,12 @@ class ScopedThreads {
 /// Runs body in one worker per local rank and waits; turns the pool's outcome
 /// into the launcher's exceptions. `what` names the launch in messages.
 template <class Body>
-void run_workers(const LaunchOptions& o, const char* what, Body&& body) {
+void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                 const char* what, Body&& body) {
   PoolOptions po;
-  po.timeout = o.timeout;
+  po.timeout = std::max(std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now()));
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
@@ -100,6 +105,9 @@ void run_workers(const LaunchOptions& o, const char* what, Body&& body) {
 template <class F, class... Args>
 void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
   namespace dl = detail::launch;
+  // The timeout bounds the whole call, debug dry launch included.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
   dl::validate(opts);
   if (opts.master_port == 0) opts.master_port = dl::pick_free_port(opts.master_addr);
 
@@ -128,10 +136,11 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
       throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
                   " on " + opts.master_addr +
                   " is already in use. Pass another master_port, or 0 to pick a free one.");
-    dl::run_workers(opts, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
+    dl::run_workers(opts, deadline, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
                     [&](int local) { dl::check_worker_environment(opts, local); });
   }
-  dl::run_workers(opts, "notebook_launcher", [&](int) { std::apply(fn, std::move(args)); });
+  dl::run_workers(opts, deadline, "notebook_launcher",
+                  [&](int) { std::apply(fn, std::move(args)); });
 }
 
 /// The same as notebook_launcher: the name to use outside notebooks.

@@ -3,16 +3,20 @@
 // timeout, SIGINT to the launcher) and that no worker survives a failed launch.
 #include <accel/launch.hpp>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -481,4 +485,27 @@ TEST_CASE("workers use OpenMP threads even after the launcher's process did", "[
     CHECK(kv["extra"] == "1000");
     CHECK(kv["threads"] == "2");
   }
+}
+
+TEST_CASE("prefix_output tags every worker line with its rank", "[launch]") {
+  const fs::path out = fresh_dir("prefix") / "stdout.txt";
+  std::fflush(stdout);
+  std::cout.flush();
+  const int saved = ::dup(STDOUT_FILENO);
+  {
+    accel::detail::launch::Fd file(::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    ::dup2(file.get(), STDOUT_FILENO);
+  }
+  accel::LaunchOptions opts{.num_processes = 2};
+  opts.prefix_output = true;
+  accel::notebook_launcher(
+      [] { std::cout << "hello from " << env_or("RANK") << "\nno newline"; }, std::tuple<>{}, opts);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  std::ifstream in(out);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[rank 0] hello from 0", "[rank 0] no newline",
+                                          "[rank 1] hello from 1", "[rank 1] no newline"});
 }

@@ -176,3 +176,23 @@ TEST_CASE("destroying a pool without wait() leaves nothing running", "[launch][p
   }
   for (pid_t p : pids) CHECK((::kill(p, 0) != 0 && errno == ESRCH));
 }
+
+TEST_CASE("exit statuses are seen even when SIGCHLD is ignored", "[launch][pool]") {
+  struct sigaction ign {}, old {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGCHLD, &ign, &old);
+  {
+    WorkerPool pool;
+    pool.spawn_exec(0, {}, {"true"});
+    pool.spawn_exec(1, {}, {"/bin/sh", "-c", "sleep 0.1; exit 4"});
+    auto out = pool.wait();
+    CHECK(out.workers[0].status == WorkerStatus::Succeeded);
+    REQUIRE(out.first_failure);
+    CHECK(out.first_failure->message == "exited with status 4");
+  }
+  struct sigaction now {};
+  ::sigaction(SIGCHLD, nullptr, &now);
+  CHECK(now.sa_handler == SIG_IGN);  // the pool put it back
+  ::sigaction(SIGCHLD, &old, nullptr);
+}

@@ -222,6 +222,13 @@ class StopSignalGuard {
   int fd() const noexcept { return owner_ ? pipe_.read.get() : -1; }
   /// The first signal received since construction, 0 if none.
   static int received() noexcept { return caught(); }
+  /// In a forked child: the parent's guard is not the child's, so a launcher
+  /// started inside a worker can install its own.
+  static void forget_after_fork() noexcept {
+    write_fd().store(-1);
+    active().store(false);
+    caught() = 0;
+  }
 
   static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
 

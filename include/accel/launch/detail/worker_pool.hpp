@@ -105,6 +105,16 @@ class WorkerPool {
   explicit WorkerPool(PoolOptions options = {})
       : options_(std::move(options)), start_(Clock::now()) {
     if (options_.handle_signals) signals_.emplace();
+    // With SIGCHLD ignored the kernel reaps children itself and waitpid could
+    // not report how they ended: use the default while the pool lives.
+    struct sigaction current {};
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
+      restore_sigchld_ = true;
+    }
   }
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -114,6 +124,7 @@ class WorkerPool {
       if (running() > 0) stop_all();
     } catch (...) {
     }
+    if (restore_sigchld_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
   }
 
   /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
@@ -282,6 +293,7 @@ class WorkerPool {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      StopSignalGuard::forget_after_fork();
       if (out) {
         ::dup2(out->write.get(), STDOUT_FILENO);
         ::dup2(errout->write.get(), STDERR_FILENO);
@@ -432,6 +444,8 @@ class WorkerPool {
   std::optional<StopSignalGuard> signals_;
   std::vector<Worker> workers_;
   bool stopping_ = false;
+  bool restore_sigchld_ = false;
+  struct sigaction old_sigchld_ {};
 };
 
 /// Runs f() on a new thread, waits for it and returns its result (or rethrows).
