@@ -366,3 +366,19 @@ TEST_CASE("set_epoch reaches a dataset that has one", "[data]") {
   CHECK(*ds.seen == 3);
   CHECK(loader.epoch() == 3);
 }
+
+TEST_CASE("the API.md spelling compiles and the iterator is a C++20 input iterator", "[data]") {
+  IndexDataset dataset(130);
+  auto loader = accel::data::make_data_loader(dataset, accel::data::LoaderOptions{
+      .batch_size = 64, .shuffle = true, .drop_last = false, .num_workers = 0, .seed = 42});
+  static_assert(std::input_iterator<decltype(loader.begin())>);
+  int64_t samples = 0;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.set_epoch(epoch);
+    for (auto& [data, target] : loader) {
+      CHECK(torch::equal(target, data * 10));
+      samples += data.size(0);
+    }
+  }
+  CHECK(samples == 260);
+}
