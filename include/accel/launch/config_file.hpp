@@ -32,7 +32,7 @@ namespace accel {
 /// DEEPSPEED, FSDP and MEGATRON_LM are read as MultiGpu with a warning.
 enum class DistributedType { No, MultiCpu, MultiGpu };
 
-inline const char* to_string(DistributedType t) {
+inline const char* distributed_type_name(DistributedType t) {
   switch (t) {
     case DistributedType::MultiCpu: return "MULTI_CPU";
     case DistributedType::MultiGpu: return "MULTI_GPU";
@@ -71,7 +71,7 @@ inline nlohmann::json to_json(const LaunchConfig& c) {
   nlohmann::json j;
   j["compute_environment"] = c.compute_environment;
   j["debug"] = c.debug;
-  j["distributed_type"] = to_string(c.distributed_type);
+  j["distributed_type"] = distributed_type_name(c.distributed_type);
   j["downcast_bf16"] = c.downcast_bf16;
   j["enable_cpu_affinity"] = c.enable_cpu_affinity;
   j["machine_rank"] = c.machine_rank;
