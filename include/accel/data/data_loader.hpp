@@ -39,8 +39,12 @@ namespace accel::data {
 ///
 /// Copies share the dataset and the collate (both are used from the worker
 /// threads concurrently when num_workers > 0: their get()/call must be safe to
-/// run concurrently); each copy has its own epoch, position and device.
-/// The loader must outlive its loops.
+/// run concurrently). Plain copies also share the position (epoch, batches
+/// yielded, batches to skip): prepare() hands the user a copy, and the
+/// Accelerator's save_state() must see where the user's loop stands.
+/// sharded(), skip_first_batches() and detached() return loaders with a
+/// position of their own. Each copy has its own device. The loader must
+/// outlive its loops.
 template <class Dataset, class Collate = DefaultCollate>
 class DataLoader {
  public:
@@ -77,10 +81,10 @@ class DataLoader {
   /// Also calls dataset().set_epoch(epoch) when the dataset has one (as
   /// Accelerate's DataLoaderShard.set_epoch does).
   void set_epoch(int64_t epoch) {
-    epoch_ = epoch;
+    progress_->epoch = epoch;
     if constexpr (requires(Dataset& d) { d.set_epoch(epoch); }) dataset_->set_epoch(epoch);
   }
-  int64_t epoch() const { return epoch_; }
+  int64_t epoch() const { return progress_->epoch; }
 
   /// Batches this rank yields per epoch (exact, also for uneven shards).
   int64_t size() const {
@@ -109,7 +113,7 @@ class DataLoader {
   /// a bad rank/world or split_batches with batch_size % world_size != 0.
   DataLoader sharded(const ShardSpec& spec) const {
     check_shard_spec(spec, options_.batch_size);
-    DataLoader copy(*this);
+    DataLoader copy = detached();
     copy.shard_ = spec;
     return copy;
   }
@@ -123,28 +127,38 @@ class DataLoader {
 
   /// Batches of the current epoch handed out on this rank so far (skipped
   /// ones included); 0 after a loop ran to its end.
-  int64_t batches_yielded() const { return yielded_; }
+  int64_t batches_yielded() const { return progress_->yielded; }
+
+  /// A copy with a position of its own (same epoch and position now; loops of
+  /// one no longer move the other).
+  DataLoader detached() const {
+    DataLoader copy(*this);
+    copy.progress_ = std::make_shared<Progress>(*progress_);
+    return copy;
+  }
 
   /// A copy whose next loop leaves out the first n batches (per rank) of its
   /// epoch, without loading them; later loops are whole epochs again.
   DataLoader skip_first_batches(int64_t n) const {
     ACCEL_CHECK(n >= 0, "accel: skip_first_batches needs a non-negative count (got ", n,
                 "). Pass the number of batches already processed in this epoch.");
-    DataLoader copy(*this);
-    copy.pending_skip_ = n;
-    copy.yielded_ = n;
+    DataLoader copy = detached();
+    copy.progress_->pending_skip = n;
+    copy.progress_->yielded = n;
     return copy;
   }
 
   /// Where the loader stands; restore() of it makes the next loop continue
   /// with the next batch of the same epoch, in the same order.
-  LoaderCheckpoint checkpoint() const { return LoaderCheckpoint{epoch_, yielded_}; }
+  LoaderCheckpoint checkpoint() const {
+    return LoaderCheckpoint{progress_->epoch, progress_->yielded};
+  }
   void restore(const LoaderCheckpoint& c) {
     ACCEL_CHECK(c.batches_yielded >= 0, "accel: a LoaderCheckpoint with batches_yielded = ",
                 c.batches_yielded, " cannot be restored. Pass one made by checkpoint().");
-    epoch_ = c.epoch;
-    pending_skip_ = c.batches_yielded;
-    yielded_ = c.batches_yielded;
+    progress_->epoch = c.epoch;
+    progress_->pending_skip = c.batches_yielded;
+    progress_->yielded = c.batches_yielded;
   }
 
   /// The dataset indices of the batches this rank yields in `epoch`.
@@ -163,9 +177,13 @@ class DataLoader {
   LoaderOptions options_;
   ShardSpec shard_{};
   int64_t dataset_size_ = 0;
-  int64_t epoch_ = 0;
-  int64_t yielded_ = 0;
-  int64_t pending_skip_ = 0;
+  // Where the loop stands; shared by plain copies (see the class comment).
+  struct Progress {
+    int64_t epoch = 0;
+    int64_t yielded = 0;
+    int64_t pending_skip = 0;
+  };
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
   std::optional<torch::Device> device_;
   bool non_blocking_ = false;
 };
@@ -177,18 +195,19 @@ template <class Dataset, class Collate>
 class DataLoader<Dataset, Collate>::Run {
  public:
   explicit Run(DataLoader& loader)
-      : loader_(&loader), dataset_(loader.dataset_), collate_(loader.collate_),
+      : loader_(&loader), progress_(loader.progress_), dataset_(loader.dataset_),
+        collate_(loader.collate_),
         device_(loader.device_), non_blocking_(loader.non_blocking_) {}
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
   ~Run() { finish(false); }
 
   void start() {
-    batches_ = loader_->epoch_batches(loader_->epoch_);
+    batches_ = loader_->epoch_batches(progress_->epoch);
     const auto count = static_cast<int64_t>(batches_.size());
-    next_ = std::min(loader_->pending_skip_, count);
-    loader_->pending_skip_ = 0;
-    loader_->yielded_ = next_;
+    next_ = std::min(progress_->pending_skip, count);
+    progress_->pending_skip = 0;
+    progress_->yielded = next_;
     state_.remainder = loader_->remainder();
     state_.num_batches = count;
     const LoaderOptions& o = loader_->options_;
@@ -214,7 +233,7 @@ class DataLoader<Dataset, Collate>::Run {
     current_.emplace(std::move(batch));
     state_.batch_index = next_;
     state_.end_of_dataloader = next_ == count - 1;
-    loader_->yielded_ = ++next_;
+    progress_->yielded = ++next_;
     return true;
   }
 
@@ -233,12 +252,13 @@ class DataLoader<Dataset, Collate>::Run {
     if (registered_) detail::ActiveLoaders::instance().remove(&state_);
     registered_ = false;
     if (completed) {
-      loader_->epoch_ += 1;
-      loader_->yielded_ = 0;
+      progress_->epoch += 1;
+      progress_->yielded = 0;
     }
   }
 
   DataLoader* loader_;
+  std::shared_ptr<Progress> progress_;
   std::shared_ptr<Dataset> dataset_;
   std::shared_ptr<Collate> collate_;
   std::optional<torch::Device> device_;

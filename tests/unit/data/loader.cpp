@@ -382,3 +382,33 @@ TEST_CASE("the API.md spelling compiles and the iterator is a C++20 input iterat
   }
   CHECK(samples == 260);
 }
+
+TEST_CASE("plain copies share the position; detached, sharded and skipping copies do not",
+          "[data][resume]") {
+  auto loader = make_data_loader(IndexDataset(10), LoaderOptions{.batch_size = 3, .shuffle = true});
+  auto copy = loader;  // what prepare() returns and save_state() keeps
+  for (auto& b : copy) {
+    (void)b;
+    break;
+  }
+  CHECK(loader.batches_yielded() == 1);
+  collect(copy);
+  CHECK(loader.epoch() == 1);
+  loader.restore(LoaderCheckpoint{4, 2});
+  CHECK(copy.checkpoint().epoch == 4);
+  CHECK(copy.checkpoint().batches_yielded == 2);
+
+  auto own = loader.detached();
+  auto shard = loader.sharded(ShardSpec{0, 2});
+  auto skipping = loader.skip_first_batches(1);
+  CHECK(own.checkpoint().epoch == 4);
+  CHECK(shard.epoch() == 4);
+  collect(own);
+  collect(shard);
+  collect(skipping);
+  CHECK(own.epoch() == 5);
+  CHECK(shard.epoch() == 5);
+  CHECK(skipping.epoch() == 5);
+  CHECK(loader.epoch() == 4);
+  CHECK(loader.batches_yielded() == 2);
+}
