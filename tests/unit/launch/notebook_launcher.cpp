@@ -2,6 +2,7 @@
 // worker sees, argument passing, failures (exception, exit status, signal,
 // timeout, SIGINT to the launcher) and that no worker survives a failed launch.
 #include <accel/launch.hpp>
+#include <accel/runtime/store.hpp>
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -508,4 +509,57 @@ TEST_CASE("prefix_output tags every worker line with its rank", "[launch]") {
   std::sort(lines.begin(), lines.end());
   CHECK(lines == std::vector<std::string>{"[rank 0] hello from 0", "[rank 0] no newline",
                                           "[rank 1] hello from 1", "[rank 1] no newline"});
+}
+
+TEST_CASE("two nodes meet in a c10d TCPStore through the launcher's variables", "[launch]") {
+  // Node 0 and node 1 are two launcher processes (as on two machines); their
+  // four workers rendezvous on MASTER_ADDR:MASTER_PORT and each learns every
+  // other worker's global rank from the store.
+  const fs::path dir = fresh_dir("two_nodes_store");
+  const int port = accel::detail::launch::pick_free_port("127.0.0.1");
+  auto node = [&](int node_rank) {
+    accel::notebook_launcher(
+        [](const std::string& d) {
+          const auto env = accel::runtime::ProcessEnv::discover();
+          accel::runtime::StoreOptions so;
+          so.timeout = std::chrono::seconds(30);
+          auto store = accel::runtime::make_store(env, so);
+          const std::string me = std::to_string(env.rank);
+          store->set("node_of_" + me, std::vector<uint8_t>(1, static_cast<uint8_t>(
+                                                                   std::stoi(env_or("NODE_RANK")))));
+          std::vector<std::string> keys;
+          for (int r = 0; r < env.world_size; ++r) keys.push_back("node_of_" + std::to_string(r));
+          store->wait(keys);
+          std::string nodes;
+          for (const auto& k : keys) nodes += std::to_string(store->get(k).at(0));
+          store->add("done", 1);
+          write_report(d, nodes + " " + std::to_string(env.world_size));
+          // Rank 0 hosts the store: it leaves only when everyone has read from it.
+          if (env.rank == 0)
+            while (store->add("done", 0) < env.world_size) std::this_thread::sleep_for(5ms);
+        },
+        std::make_tuple(dir.string()),
+        {.num_processes = 2, .num_nodes = 2, .node_rank = node_rank, .master_port = port,
+         .timeout = 60s});
+  };
+  const pid_t other = ::fork();
+  REQUIRE(other >= 0);
+  if (other == 0) {
+    int code = 0;
+    try {
+      node(1);
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  node(0);
+  int status = 0;
+  const auto until = Clock::now() + 30s;
+  while (::waitpid(other, &status, WNOHANG) == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  for (int r = 0; r < 4; ++r)
+    CHECK(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["extra"] == "0011 4");
 }
