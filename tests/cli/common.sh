@@ -6,6 +6,7 @@ T="$2"
 rm -rf "$T"
 mkdir -p "$T"
 export ACCEL_CONFIG_FILE="$T/default_config.yaml"
+export HF_HOME="$T/no-hf-home"  # an Accelerate config of the user running the tests is not read
 
 fail() {
   echo "FAIL: $*" >&2

@@ -29,6 +29,12 @@ contains "$text" "main_process_ip: 10.1.2.3"
 contains "$text" "main_process_port: 29500"
 contains "$text" "num_processes: 4"
 
+# --mixed_precision answers that question in advance.
+out=$(printf '0\n' | "$ACCEL" config --mixed_precision fp16 --config_file "$T/mp.yaml" 2>&1) || fail "$out"
+not_contains "$out" "mixed precision?"
+contains "$(cat "$T/mp.yaml")" "mixed_precision: fp16"
+contains "$(cat "$T/mp.yaml")" "num_processes: 1"
+
 out=$(printf '1\n' | "$ACCEL" config --config_file "$T/eof.yaml" 2>&1) && fail "end of input was accepted"
 contains "$out" "the input ended before"
 [ ! -f "$T/eof.yaml" ] || fail "a file was written from incomplete answers"

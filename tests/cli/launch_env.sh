@@ -12,6 +12,16 @@ out=$("$ACCEL" launch --num_processes 2 --prefix_output -- sh -c 'echo out $RANK
 contains "$out" "[rank 0] out 0"
 contains "$out" "[rank 1] err 1"
 
+out=$("$ACCEL" launch --num_processes 2 --tee 3 sh -c 'echo teed $RANK' 2>&1) || fail "$out"
+contains "$out" "[rank 1] teed 1"
+
+# A machine set up with `accelerate config` only: its file is used.
+mkdir -p "$T/hf/accelerate"
+printf 'num_processes: 3\nmixed_precision: fp16\n' > "$T/hf/accelerate/default_config.yaml"
+out=$(HF_HOME="$T/hf" "$ACCEL" launch sh -c "$show" 2>&1) || fail "$out"
+contains "$out" "reading Accelerate's config file $T/hf/accelerate/default_config.yaml"
+contains "$out" "R=2 W=3"
+
 # The program's own flags are not accel's.
 out=$("$ACCEL" launch --num_processes 1 sh -c 'echo "args:$*"' x --num_processes 9 2>&1) || fail "$out"
 contains "$out" "args:--num_processes 9"

@@ -107,7 +107,9 @@ class Questions {
 };
 
 /// The interactive questionnaire (Accelerate's cluster questions that apply to accel).
-inline LaunchConfig ask_config(std::istream& in, std::ostream& out) {
+/// A mixed_precision given on the command line is not asked again.
+inline LaunchConfig ask_config(std::istream& in, std::ostream& out,
+                               const std::optional<std::string>& mixed_precision = {}) {
   Questions q(in, out);
   LaunchConfig c;
   const std::string kind = q.choice("Which type of machine are you using?",
@@ -151,23 +153,25 @@ inline LaunchConfig ask_config(std::istream& in, std::ostream& out) {
     c.debug = q.yes_no("Should distributed operations be checked while running for errors? "
                        "This can avoid timeout issues but will be slower.", false);
   }
-  c.mixed_precision = q.choice("Do you wish to use mixed precision?", {"no", "fp16", "bf16"}, "no");
+  c.mixed_precision = mixed_precision ? *mixed_precision
+                                      : q.choice("Do you wish to use mixed precision?",
+                                                 {"no", "fp16", "bf16"}, "no");
   return c;
 }
 
 /// `accel config [--default] [--mixed_precision M] [--config_file F]`.
-inline int run_config(bool use_default, const std::string& mixed_precision,
+inline int run_config(bool use_default, const std::optional<std::string>& mixed_precision,
                       const std::optional<std::string>& config_file, std::istream& in,
                       std::ostream& out) {
   const std::filesystem::path path =
       config_file ? std::filesystem::path(*config_file) : default_config_path();
   if (use_default) {
     const bool existed = std::filesystem::exists(path);
-    write_basic_config(mixed_precision, path);
+    write_basic_config(mixed_precision.value_or("no"), path);
     if (!existed) out << "accel configuration saved at " << path.string() << "\n";
     return 0;
   }
-  const LaunchConfig c = ask_config(in, out);
+  const LaunchConfig c = ask_config(in, out, mixed_precision);
   write_config_file(c, path);
   out << "accel configuration saved at " << path.string() << "\n";
   return 0;

@@ -78,7 +78,8 @@ inline int run_env(const std::optional<std::string>& config_file, std::ostream& 
 #endif
   out << "- CPU cores available: " << detail::launch::available_cores() << "\n";
   const std::filesystem::path path =
-      config_file ? std::filesystem::path(*config_file) : default_config_path();
+      config_file ? std::filesystem::path(*config_file)
+                  : config_file_in_effect().value_or(default_config_path());
   if (std::filesystem::exists(path)) {
     out << "- Config file: " << path.string() << "\n";
     std::ifstream in(path);

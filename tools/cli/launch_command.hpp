@@ -45,10 +45,12 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
   LaunchPlan p;
   if (f.config_file) {
     p.config = read_config_file(*f.config_file);
-  } else if (auto def = default_config_path(); std::filesystem::exists(def)) {
-    p.config = read_config_file(def);
+  } else if (auto found = config_file_in_effect()) {
+    p.config = read_config_file(*found);
+    if (*found != default_config_path())
+      p.notes.push_back("reading Accelerate's config file " + found->string());
   } else {
-    p.notes.push_back("no config file at " + def.string() +
+    p.notes.push_back("no config file at " + default_config_path().string() +
                       "; using defaults (run `accel config` to save your own)");
   }
   const LaunchConfig& c = p.config;

@@ -92,10 +92,10 @@ int main(int argc, char** argv) {
 
   try {
     if (*config) {
-      std::optional<std::string> path;
+      std::optional<std::string> path, mp;
       set_if(config_path, config_file, path);
-      (void)config_mp;
-      return accel::cli::run_config(use_default, mixed_precision, path, std::cin, std::cout);
+      set_if(config_mp, mixed_precision, mp);
+      return accel::cli::run_config(use_default, mp, path, std::cin, std::cout);
     }
     if (*launch) {
       set_if(o_np, num_processes, f.num_processes);

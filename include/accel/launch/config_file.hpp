@@ -114,6 +114,34 @@ inline std::filesystem::path default_config_path() {
   return base / "accel" / "default_config.yaml";
 }
 
+/// Where `accelerate config` saves its file: $HF_HOME/accelerate/default_config.yaml,
+/// HF_HOME defaulting to ${XDG_CACHE_HOME:-~/.cache}/huggingface.
+inline std::optional<std::filesystem::path> accelerate_config_path() {
+  auto env = [](const char* name) -> std::optional<std::filesystem::path> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::filesystem::path(v);
+  };
+  std::optional<std::filesystem::path> hf = env("HF_HOME");
+  if (!hf) {
+    if (auto cache = env("XDG_CACHE_HOME")) hf = *cache / "huggingface";
+    else if (auto home = env("HOME")) hf = *home / ".cache" / "huggingface";
+    else return std::nullopt;
+  }
+  return *hf / "accelerate" / "default_config.yaml";
+}
+
+/// The file `accel launch` and `accel env` use when given none:
+/// default_config_path() when it exists, else Accelerate's own file when that
+/// exists (so a machine set up with `accelerate config` needs nothing more),
+/// else nullopt (built-in defaults).
+inline std::optional<std::filesystem::path> config_file_in_effect() {
+  if (auto own = default_config_path(); std::filesystem::exists(own)) return own;
+  if (auto theirs = accelerate_config_path(); theirs && std::filesystem::exists(*theirs))
+    return theirs;
+  return std::nullopt;
+}
+
 /// Reads a YAML (or JSON: Accelerate writes JSON into .yaml files) config file.
 /// Unknown keys and keys of features accel does not have are warnings
 /// (collected in .warnings and written to `warn` unless it is null); a wrong

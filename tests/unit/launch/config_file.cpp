@@ -317,3 +317,22 @@ TEST_CASE("config_file: default_config_path precedence", "[launch][config]") {
     }
   }
 }
+
+TEST_CASE("config_file: Accelerate's own file is used when accel has none", "[launch][config]") {
+  const auto dir = scratch("in_effect");
+  EnvVar file("ACCEL_CONFIG_FILE", (dir / "accel" / "default_config.yaml").string());
+  EnvVar hf("HF_HOME", (dir / "hf").string());
+  CHECK(accel::accelerate_config_path() == dir / "hf" / "accelerate" / "default_config.yaml");
+  CHECK_FALSE(accel::config_file_in_effect());
+  fs::create_directories(dir / "hf" / "accelerate");
+  write(dir / "hf" / "accelerate" / "default_config.yaml", kAccelerateJson);
+  CHECK(accel::config_file_in_effect() == dir / "hf" / "accelerate" / "default_config.yaml");
+  accel::write_basic_config("no");
+  CHECK(accel::config_file_in_effect() == dir / "accel" / "default_config.yaml");
+  {
+    EnvVar unset_hf("HF_HOME", std::nullopt);
+    EnvVar cache("XDG_CACHE_HOME", "/cache");
+    CHECK(accel::accelerate_config_path() ==
+          fs::path("/cache/huggingface/accelerate/default_config.yaml"));
+  }
+}
