@@ -20,19 +20,23 @@ rc=$?
 contains "$out" "rank 0"
 no_process "sleep $nap"
 
-# SIGTERM to accel reaches every rank (and what they started).
-"$ACCEL" launch --num_processes 2 sh -c "sleep $nap" > "$T/sig.out" 2>&1 &
-pid=$!
-i=0
-while [ "$(pgrep -f "sleep $nap" | wc -l)" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-[ $i -lt 100 ] || fail "the ranks did not start"
-start=$(now_ms)
-kill -TERM $pid
-wait $pid
-rc=$?
-took=$(( $(now_ms) - start ))
-[ "$rc" = 143 ] || fail "exit status $rc after SIGTERM, expected 143: $(cat "$T/sig.out")"
-[ "$took" -lt 20000 ] || fail "took $took ms to stop after SIGTERM"
-contains "$(cat "$T/sig.out")" "SIGTERM"
-no_process "sleep $nap"
+# SIGTERM or SIGINT to accel reaches every rank (and what they started).
+for pair in TERM:143 INT:130; do
+  sig=${pair%:*}
+  expected=${pair#*:}
+  "$ACCEL" launch --num_processes 2 sh -c "sleep $nap" > "$T/sig.out" 2>&1 &
+  pid=$!
+  i=0
+  while [ "$(pgrep -f "sleep $nap" | wc -l)" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  [ $i -lt 100 ] || fail "the ranks did not start"
+  start=$(now_ms)
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  took=$(( $(now_ms) - start ))
+  [ "$rc" = "$expected" ] || fail "exit status $rc after SIG$sig, expected $expected: $(cat "$T/sig.out")"
+  [ "$took" -lt 20000 ] || fail "took $took ms to stop after SIG$sig"
+  contains "$(cat "$T/sig.out")" "SIG$sig"
+  no_process "sleep $nap"
+done
 echo PASS
