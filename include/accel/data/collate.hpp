@@ -42,9 +42,10 @@ struct Collated<torch::Tensor> {
 
 template <class T>
 struct Collated<T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>>> {
-  using type = torch::Tensor;  // ints -> int64 tensor, floats -> their dtype, like default_collate
+  using type = torch::Tensor;  // the dtype of T (double -> float64, as default_collate)
   static type apply(const std::vector<T>& samples) {
-    return torch::tensor(at::ArrayRef<T>(samples.data(), samples.size()));
+    return torch::tensor(at::ArrayRef<T>(samples.data(), samples.size()),
+                         torch::dtype(c10::CppTypeToScalarType<T>::value));
   }
 };
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <map>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -411,4 +412,31 @@ TEST_CASE("plain copies share the position; detached, sharded and skipping copie
   CHECK(skipping.epoch() == 5);
   CHECK(loader.epoch() == 4);
   CHECK(loader.batches_yielded() == 2);
+}
+
+TEST_CASE("default collate of arithmetic targets, pairs and tuples", "[data][collate]") {
+  struct Mixed {
+    std::tuple<torch::Tensor, std::pair<int64_t, double>, torch::data::Example<torch::Tensor, int64_t>> get(size_t i) {
+      const auto x = static_cast<int64_t>(i);
+      return {torch::full({2}, x), {x, 0.5 * static_cast<double>(x)}, {torch::tensor(x), 7 * x}};
+    }
+    size_t size() const { return 3; }
+  };
+  auto loader = make_data_loader(Mixed{}, LoaderOptions{.batch_size = 3});
+  using B = decltype(loader)::batch_type;
+  static_assert(std::is_same_v<B, std::tuple<torch::Tensor, std::pair<torch::Tensor, torch::Tensor>,
+                                             torch::data::Example<torch::Tensor, torch::Tensor>>>);
+  int n = 0;
+  for (auto& [t, p, e] : loader) {
+    CHECK(t.sizes() == torch::IntArrayRef{3, 2});
+    CHECK(p.first.scalar_type() == torch::kLong);
+    CHECK(to_vec(p.first) == std::vector<int64_t>{0, 1, 2});
+    CHECK(p.second.scalar_type() == torch::kDouble);
+    CHECK(p.second[2].item<double>() == 1.0);
+    CHECK(to_vec(e.target) == std::vector<int64_t>{0, 7, 14});
+    ++n;
+  }
+  CHECK(n == 1);
+  std::map<std::string, torch::Tensor> m{{"a", torch::ones({1})}};
+  CHECK(accel::data::to_device(m, torch::Device(torch::kCPU)).at("a").device().is_cpu());
 }
