@@ -1,0 +1,125 @@
+// The Accelerator's collectives and data sharding on real processes (Gloo),
+// 2 and 3 ranks, each forked by accel's own launcher.
+#include <accel/accelerator.hpp>
+#include <accel/launch/notebook_launcher.hpp>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+accel::LaunchOptions procs(int n) {
+  accel::LaunchOptions lo;
+  lo.num_processes = n;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(240);
+  return lo;
+}
+
+// A dataset whose items are their own index: gathered values name the items.
+struct Indices : torch::data::datasets::Dataset<Indices> {
+  int64_t n;
+  explicit Indices(int64_t size) : n(size) {}
+  torch::data::Example<> get(size_t i) override {
+    auto t = torch::tensor({static_cast<int64_t>(i)});
+    return {t, t};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(n); }
+};
+
+// Throwing in a worker fails the launch with this message, naming the rank.
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+void collectives_body() {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  const int r = acc.process_index(), n = acc.num_processes();
+  auto mine = torch::full({2}, static_cast<float>(r + 1));
+  auto sum = acc.reduce(mine);
+  expect(torch::equal(sum, torch::full({2}, n * (n + 1) / 2.0f)), "reduce sum");
+  auto mean = acc.reduce(mine, accel::Reduction::Mean);
+  expect(torch::allclose(mean, torch::full({2}, (n + 1) / 2.0f)), "reduce mean");
+  auto g = acc.gather(torch::full({1, 3}, static_cast<float>(r)));
+  expect(g.sizes() == torch::IntArrayRef{n, 3}, "gather shape");
+  for (int k = 0; k < n; ++k) expect(g[k].eq(k).all().item<bool>(), "gather rank order");
+  auto b = acc.broadcast(torch::full({3}, static_cast<float>(r)), n - 1);
+  expect(b.eq(n - 1).all().item<bool>(), "broadcast from the last rank");
+  // Rank r holds r+1 rows: padded to n rows with -1, at the end or the front.
+  auto ragged = torch::full({r + 1, 2}, static_cast<float>(r));
+  auto padded = acc.pad_across_processes(ragged, 0, -1);
+  expect(padded.size(0) == n && padded[r].eq(r).all().item<bool>(), "pad at the end");
+  if (r + 1 < n) expect(padded[n - 1].eq(-1).all().item<bool>(), "pad value");
+  auto front = acc.pad_across_processes(ragged, 0, -1, true);
+  expect(front[n - 1].eq(r).all().item<bool>(), "pad at the front");
+  {
+    auto first = acc.main_process_first();
+  }
+  acc.wait_for_everyone();
+}
+
+// gather_for_metrics over a whole epoch returns every item exactly once,
+// even though even_batches wrapped the tail around on the last batch.
+void metrics_body(int64_t dataset_size, int64_t batch, bool drop_last) {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  auto loader = accel::data::make_data_loader(
+      Indices(dataset_size), accel::data::LoaderOptions{.batch_size = batch, .drop_last = drop_last});
+  auto [dl] = acc.prepare(loader);
+  std::vector<int64_t> seen;
+  for (auto& b : dl) {
+    auto all = acc.gather_for_metrics(b.data.view(-1));
+    for (int64_t k = 0; k < all.size(0); ++k) seen.push_back(all[k].item<int64_t>());
+  }
+  std::vector<int64_t> expected;
+  const int64_t global = batch * acc.num_processes();
+  const int64_t kept = drop_last ? dataset_size / global * global : dataset_size;
+  for (int64_t i = 0; i < kept; ++i) expected.push_back(i);
+  expect(seen == expected, "gather_for_metrics saw " + std::to_string(seen.size()) +
+                               " items, expected " + std::to_string(expected.size()));
+}
+
+// A parameter that gets no gradient on some steps must not hang the step.
+void unused_parameter_body() {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  torch::manual_seed(0);
+  auto used = torch::nn::Linear(4, 4);
+  auto unused = torch::nn::Linear(4, 4);
+  torch::nn::Sequential holder;
+  holder->push_back(used);
+  holder->push_back(unused);
+  torch::optim::SGD sgd(holder->parameters(), torch::optim::SGDOptions(0.1));
+  auto [m, opt] = acc.prepare(holder, sgd);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    // Only rank 0 uses the second layer on odd steps: ranks differ in which
+    // parameters got gradients, and still agree on the collectives.
+    auto x = torch::ones({2, 4}) * (acc.process_index() + 1);
+    auto y = used(x);
+    if (step % 2 == 1 && acc.is_main_process()) y = unused(y);
+    acc.backward(y.sum());
+    opt.step();
+  }
+  auto w = acc.gather(unused->weight.detach().reshape({1, -1}));
+  expect(torch::allclose(w[0], w[w.size(0) - 1]), "replicas diverged");
+}
+
+}  // namespace
+
+TEST_CASE("collectives on 2 and 3 Gloo processes", "[parallel][gloo][collectives]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), procs(3)));
+}
+
+TEST_CASE("gather_for_metrics drops the wrap-around duplicates", "[parallel][gloo][metrics]") {
+  // 10 items, batch 3, 2 ranks: the last round is [6,7,8] [9,0,1] -> keep 6..9.
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, false), procs(2)));
+  // 3 ranks, 11 items, batch 2: the tail wraps around across ranks.
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{11}, int64_t{2}, false), procs(3)));
+  // drop_last: the incomplete round is dropped, nothing to trim.
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, true), procs(2)));
+  // Divisible: nothing duplicated, nothing dropped.
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{12}, int64_t{3}, false), procs(2)));
+}
+
+TEST_CASE("parameters without gradient do not hang the step", "[parallel][gloo][unused]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(unused_parameter_body, std::make_tuple(), procs(2)));
+}
