@@ -4,6 +4,7 @@
 #ifndef ACCEL_TOOLS_CLI_LAUNCH_COMMAND_HPP
 #define ACCEL_TOOLS_CLI_LAUNCH_COMMAND_HPP
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -19,6 +20,10 @@
 #include <accel/launch/detail/rank_env.hpp>
 #include <accel/launch/detail/worker_pool.hpp>
 #include <accel/launch/launch_options.hpp>
+
+#if ACCEL_WITH_CUDA
+#include <torch/cuda.h>
+#endif
 
 namespace accel::cli {
 
@@ -56,7 +61,14 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
   const LaunchConfig& c = p.config;
   p.num_machines = f.num_machines.value_or(c.num_machines);
   p.machine_rank = f.machine_rank.value_or(c.machine_rank);
-  p.num_processes = f.num_processes.value_or(c.num_processes.value_or(p.num_machines));
+  // Default: one process per CUDA device (as Accelerate), one on a CPU machine.
+  int per_machine = 1;
+#if ACCEL_WITH_CUDA
+  if (!f.cpu && !c.use_cpu)
+    per_machine = std::max(1, static_cast<int>(torch::cuda::device_count()));  // exec follows
+#endif
+  p.num_processes =
+      f.num_processes.value_or(c.num_processes.value_or(p.num_machines * per_machine));
   if (p.num_machines < 1)
     throw ConfigError("accel: --num_machines must be at least 1. Pass 1 for a single machine.");
   if (p.num_processes < 1)
