@@ -163,6 +163,7 @@ TEST_CASE("SIGINT to the supervisor stops the workers and is reported", "[launch
   CHECK(out.interrupted_by == SIGINT);
   CHECK(out.exit_code() == 128 + SIGINT);
   CHECK(out.stopped_ranks() == std::vector<int>{0, 1});
+  CHECK(out.workers[0].message == "stopped by signal SIGINT");  // forwarded as received
   for (pid_t p : pool.pids()) CHECK((::kill(p, 0) != 0 && errno == ESRCH));
 }
 
@@ -195,4 +196,13 @@ TEST_CASE("exit statuses are seen even when SIGCHLD is ignored", "[launch][pool]
   ::sigaction(SIGCHLD, nullptr, &now);
   CHECK(now.sa_handler == SIG_IGN);  // the pool put it back
   ::sigaction(SIGCHLD, &old, nullptr);
+}
+
+TEST_CASE("an exception with an empty message is still reported as one", "[launch][pool]") {
+  WorkerPool pool;
+  pool.spawn(0, {}, [] { throw std::runtime_error(""); });
+  auto out = pool.wait();
+  REQUIRE(out.first_failure);
+  CHECK(out.first_failure->status == WorkerStatus::Threw);
+  CHECK(out.first_failure->message == "an exception with an empty message");
 }

@@ -196,7 +196,7 @@ class WorkerPool {
       if (out.first_failure) break;
       if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
         out.interrupted_by = sig;
-        stop_all();
+        stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
         break;
       }
       if (running() > 0 && Clock::now() >= deadline) {
@@ -213,11 +213,11 @@ class WorkerPool {
     return out;
   }
 
-  /// SIGTERM to every running worker's process group, SIGKILL to those still
-  /// there after the grace period, and reap them (bounded wait).
-  void stop_all() {
+  /// `first` (SIGTERM) to every running worker's process group, SIGKILL to
+  /// those still there after the grace period, and reap them (bounded wait).
+  void stop_all(int first = SIGTERM) {
     stopping_ = true;
-    signal_running(SIGTERM);
+    signal_running(first);
     wait_until(Clock::now() + options_.grace);
     if (running() > 0) {
       signal_running(SIGKILL);
@@ -248,6 +248,10 @@ class WorkerPool {
 
   static void report(int fd, const char* what) noexcept {
     std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
+    if (n == 0) {
+      what = "an exception with an empty message";
+      n = std::strlen(what);
+    }
     write_all(fd, what, n);
   }
 
@@ -436,6 +440,7 @@ class WorkerPool {
       r.code = WTERMSIG(st);
       r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
       r.message = (stopping_ ? "stopped by signal " : "killed by signal ") + signal_name(r.code);
+      if (!stopping_ && !w.err_text.empty()) r.message = w.err_text + " (then " + r.message + ")";
     }
   }
 
