@@ -7,4 +7,13 @@ if(TARGET accel_cli)
               ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_${_t} ${PROJECT_VERSION})
     set_tests_properties(cli.${_t} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS cli)
   endforeach()
+
+  # A real accel worker: ranks meet in the c10d store accel launch points them to.
+  add_executable(accel_cli_probe ${CMAKE_CURRENT_SOURCE_DIR}/cli/rendezvous_probe.cpp)
+  target_link_libraries(accel_cli_probe PRIVATE accel::accel)
+  target_compile_options(accel_cli_probe PRIVATE -Wall -Wextra)
+  add_test(NAME cli.launch_rendezvous
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/launch_rendezvous.sh $<TARGET_FILE:accel_cli>
+            ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_launch_rendezvous $<TARGET_FILE:accel_cli_probe>)
+  set_tests_properties(cli.launch_rendezvous PROPERTIES TIMEOUT 180 LABELS cli)
 endif()
