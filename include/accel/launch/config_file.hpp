@@ -6,6 +6,7 @@
 #ifndef ACCEL_LAUNCH_CONFIG_FILE_HPP
 #define ACCEL_LAUNCH_CONFIG_FILE_HPP
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
