@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include <accel/errors.hpp>
+#include <accel/launch/detail/ports.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/launch_options.hpp>
 #include <accel/runtime/process_env.hpp>
@@ -90,26 +91,22 @@ inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
 /// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
 /// -1 with errno set when it is taken.
 inline int try_bind(const std::string& host, int port) {
-  sockaddr_in addr = resolve_ipv4(host, port);
-  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) return -1;
-  int one = 1;
-  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const int fd = accel::detail::bind_tcp(host, port);
+  if (fd < 0) {
+    errno = -fd;
+    return -1;
+  }
+  sockaddr_in addr{};
   socklen_t len = sizeof addr;
-  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
-  return ntohs(addr.sin_port);
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return rc == 0 ? ntohs(addr.sin_port) : -1;
 }
 
 /// A port on host that is free now (the kernel's choice). It is released before
 /// the workers start, so another program could take it in between: rare, and
 /// the rendezvous then fails with the port in its message.
-inline int pick_free_port(const std::string& host) {
-  int port = try_bind(host, 0);
-  ACCEL_CHECK(port > 0, "accel: cannot find a free port on '", host, "' (", std::strerror(errno),
-              "). Pass a fixed master_port.");
-  return port;
-}
+using accel::detail::pick_free_port;
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no

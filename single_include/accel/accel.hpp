@@ -1,0 +1,8659 @@
+// Generated from include/accel by tools/amalgamate.py - do not edit
+// accel 0.1.0, single-header form of include/accel/accel.hpp; regenerate with
+// `python3 tools/amalgamate.py` or `cmake --build <dir> --target accel_amalgamate`.
+// SPDX-License-Identifier: Apache-2.0
+// begin <accel/accel.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella: everything in API.md.
+#ifndef ACCEL_ACCEL_HPP
+#define ACCEL_ACCEL_HPP
+
+// begin <accel/config.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Every build-availability macro of accel, documented in one place.
+///
+/// ACCEL_WITH_NCCL  1 when LibTorch was built with CUDA and NCCL (CMake sets it
+///                  from the Torch package); enables backend::Nccl.
+/// ACCEL_WITH_MPI   1 when an MPI implementation is linked (CMake sets it when
+///                  find_package(MPI) succeeds); enables backend::Mpi.
+/// ACCEL_WITH_CUDA  1 when LibTorch has CUDA (implied by ACCEL_WITH_NCCL).
+#ifndef ACCEL_CONFIG_HPP
+#define ACCEL_CONFIG_HPP
+
+#ifndef ACCEL_WITH_NCCL
+#define ACCEL_WITH_NCCL 0
+#endif
+#ifndef ACCEL_WITH_MPI
+#define ACCEL_WITH_MPI 0
+#endif
+#ifndef ACCEL_WITH_CUDA
+#define ACCEL_WITH_CUDA ACCEL_WITH_NCCL
+#endif
+
+#endif  // ACCEL_CONFIG_HPP
+// end <accel/config.hpp>
+// begin <accel/version.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the accel version macros (CMake reads them from here).
+#ifndef ACCEL_VERSION_HPP
+#define ACCEL_VERSION_HPP
+
+#define ACCEL_VERSION_MAJOR 0
+#define ACCEL_VERSION_MINOR 1
+#define ACCEL_VERSION_PATCH 0
+
+namespace accel {
+inline constexpr const char* version_string = "0.1.0";
+}  // namespace accel
+
+#endif  // ACCEL_VERSION_HPP
+// end <accel/version.hpp>
+// begin <accel/errors.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel's run-time exceptions and the ACCEL_CHECK macro.
+#ifndef ACCEL_ERRORS_HPP
+#define ACCEL_ERRORS_HPP
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace accel {
+
+/// Base of every run-time error accel raises. Messages follow one form:
+/// "accel: <what is wrong>. <what to do instead>."
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// A launched worker failed: names the rank and carries its message.
+class LaunchError : public Error {
+ public:
+  LaunchError(int rank, std::string message)
+      : Error("accel: process " + std::to_string(rank) + " failed: " + message),
+        rank_(rank), message_(std::move(message)) {}
+  int rank() const noexcept { return rank_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  int rank_;
+  std::string message_;
+};
+
+/// A configuration file or value is wrong: names the key (and line, when known).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective or rendezvous did not finish within the timeout.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <class... A>
+std::string concat(A&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<A>(parts));
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace accel
+
+/// Throws accel::Error with the streamed message parts when cond is false.
+#define ACCEL_CHECK(cond, ...)                                              \
+  do {                                                                      \
+    if (!(cond)) throw ::accel::Error(::accel::detail::concat(__VA_ARGS__)); \
+  } while (false)
+
+#endif  // ACCEL_ERRORS_HPP
+// end <accel/errors.hpp>
+// begin <accel/options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the run-time options of accel::Accelerator (numbers are
+/// options, not template parameters).
+#ifndef ACCEL_OPTIONS_HPP
+#define ACCEL_OPTIONS_HPP
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace accel {
+
+/// Dynamic loss scaling (precision::Fp16); defaults are Accelerate's/PyTorch's.
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct AcceleratorOptions {
+  int gradient_accumulation_steps = 1;
+  bool split_batches = false;  ///< true: loader batch size is the global batch, split across ranks
+  bool even_batches = true;    ///< pad the last batches by wrapping around so every rank gets the same count
+  bool step_scheduler_with_optimizer = true;
+  std::optional<std::string> project_dir{};  ///< where save_state(), trackers write by default
+  std::chrono::seconds timeout{1800};      ///< collective / rendezvous timeout
+  // --- accel additions (after the API.md fields, so designated initializers keep working) ---
+  double bucket_cap_mb = 25.0;             ///< gradient all-reduce bucket size (Replicate, ZeRO)
+  GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
+  std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
+  bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
+  std::optional<int> total_limit{};          ///< keep at most this many automatic checkpoints
+};
+
+enum class Reduction { Sum, Mean };
+
+}  // namespace accel
+
+#endif  // ACCEL_OPTIONS_HPP
+// end <accel/options.hpp>
+// begin <accel/random.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::set_seed: one seed for every generator a training run uses.
+#ifndef ACCEL_RANDOM_HPP
+#define ACCEL_RANDOM_HPP
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+
+#include <torch/torch.h>
+
+// begin <accel/runtime/process_env.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::ProcessEnv: who am I among the processes.
+#ifndef ACCEL_RUNTIME_PROCESS_ENV_HPP
+#define ACCEL_RUNTIME_PROCESS_ENV_HPP
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+
+namespace accel::runtime {
+
+/// Rank and world of this process, read from the environment.
+struct ProcessEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "none";  ///< which convention supplied the values
+
+  bool distributed() const { return world_size > 1; }
+
+  /// Discovery order (API.md section 5): torchrun (RANK/WORLD_SIZE/LOCAL_RANK),
+  /// OpenMPI (OMPI_COMM_WORLD_*), PMI (PMI_RANK/PMI_SIZE), Slurm
+  /// (SLURM_PROCID/SLURM_NTASKS); none of them: a single process.
+  static ProcessEnv discover();
+};
+
+namespace detail {
+
+inline std::optional<std::string> getenv_str(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+inline std::optional<int> getenv_int(const char* name) {
+  auto s = getenv_str(name);
+  if (!s) return std::nullopt;
+  try {
+    std::size_t used = 0;
+    int v = std::stoi(*s, &used);
+    if (used != s->size()) throw std::invalid_argument(*s);
+    return v;
+  } catch (const std::exception&) {
+    throw Error(std::string("accel: environment variable ") + name + "='" + *s +
+                "' is not an integer. Unset it or give it a whole number.");
+  }
+}
+
+}  // namespace detail
+
+inline ProcessEnv ProcessEnv::discover() {
+  using detail::getenv_int;
+  using detail::getenv_str;
+  ProcessEnv env;
+  auto take = [&](const char* rank, const char* size, const char* local_rank,
+                  const char* local_size, const char* source) {
+    auto r = getenv_int(rank);
+    auto s = getenv_int(size);
+    if (!r || !s) return false;
+    env.rank = *r;
+    env.world_size = *s;
+    env.local_rank = local_rank ? getenv_int(local_rank).value_or(env.rank) : env.rank;
+    env.local_world_size =
+        local_size ? getenv_int(local_size).value_or(env.world_size) : env.world_size;
+    env.source = source;
+    return true;
+  };
+  take("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun") ||
+      take("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+           "OMPI_COMM_WORLD_LOCAL_SIZE", "openmpi") ||
+      take("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "pmi") ||
+      take("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "slurm");
+  if (auto a = getenv_str("MASTER_ADDR")) env.master_addr = *a;
+  if (auto p = getenv_int("MASTER_PORT")) env.master_port = *p;
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+    throw Error("accel: rank " + std::to_string(env.rank) + " is outside world size " +
+                std::to_string(env.world_size) + " (from " + env.source +
+                " variables). Check the launcher's RANK/WORLD_SIZE settings.");
+  if (env.local_world_size < 1) env.local_world_size = 1;
+  return env;
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_PROCESS_ENV_HPP
+// end <accel/runtime/process_env.hpp>
+
+namespace accel {
+
+/// A std::mt19937_64 owned by accel and seeded by set_seed, for user code that
+/// wants std generators to follow the same seed (std::rand is seeded too).
+inline std::mt19937_64& std_generator() {
+  static std::mt19937_64 gen{0};
+  return gen;
+}
+
+/// Seeds LibTorch's CPU (and every CUDA) generator, std::rand and
+/// accel::std_generator(). With `device_specific` the seed is offset by the
+/// global rank, so ranks draw different numbers (dropout, augmentation).
+inline void set_seed(uint64_t seed, bool device_specific = false) {
+  if (device_specific) seed += static_cast<uint64_t>(runtime::ProcessEnv::discover().rank);
+  torch::manual_seed(seed);  // also seeds every CUDA device when CUDA is available
+  std::srand(static_cast<unsigned>(seed));
+  std_generator().seed(seed);
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_RANDOM_HPP
+// end <accel/random.hpp>
+// begin <accel/runtime/communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares accel::runtime::Communicator, the one collective interface every
+/// backend implements, and LocalCommunicator (world size 1).
+#ifndef ACCEL_RUNTIME_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_COMMUNICATOR_HPP
+
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+#include <torch/torch.h>
+
+namespace accel::runtime {
+
+enum class ReduceOp { Sum, Max, Min };
+
+/// Handle of an asynchronous collective. wait() blocks until the result is in
+/// the output tensor, or throws accel::TimeoutError / accel::Error.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+
+/// A Work that is already done (world size 1, or a blocking implementation).
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+/// Collectives across the processes of one job. Tensors are contiguous and on
+/// the communicator's device; results are written in place (all_reduce,
+/// broadcast) or into the given output (all_gather, reduce_scatter).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend_name() const = 0;
+
+  /// In place: every rank ends with the reduction of everyone's `tensor`.
+  virtual std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  /// `output` has size() * input.numel() elements; rank r's input lands at
+  /// [r * input.numel(), (r + 1) * input.numel()) of the flattened output.
+  virtual std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  /// `input` has size() * output.numel() elements; rank r receives the
+  /// reduction of everyone's chunk r.
+  virtual std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                               ReduceOp op = ReduceOp::Sum) = 0;
+  /// In place: every rank ends with rank `src`'s `tensor`.
+  virtual std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) = 0;
+  /// Blocks until every rank has reached it (or the timeout passed).
+  virtual void barrier() = 0;
+};
+
+/// The communicator of a single process: every collective is the identity.
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string_view backend_name() const override { return "local"; }
+  std::shared_ptr<Work> all_reduce(torch::Tensor&, ReduceOp) override { return done(); }
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    output.view(-1).copy_(input.reshape(-1));
+    return done();
+  }
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp) override {
+    output.view(-1).copy_(input.reshape(-1));
+    return done();
+  }
+  std::shared_ptr<Work> broadcast(torch::Tensor&, int) override { return done(); }
+  void barrier() override {}
+
+ private:
+  static std::shared_ptr<Work> done() { return std::make_shared<CompletedWork>(); }
+};
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_COMMUNICATOR_HPP
+// end <accel/runtime/communicator.hpp>
+// begin <accel/backend.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the backend policies.
+#ifndef ACCEL_BACKEND_HPP
+#define ACCEL_BACKEND_HPP
+
+// begin <accel/backend/concept.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares what a backend policy is: the trait, the concept and the
+/// asserting check whose messages say what is missing.
+#ifndef ACCEL_BACKEND_CONCEPT_HPP
+#define ACCEL_BACKEND_CONCEPT_HPP
+
+#include <concepts>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+
+
+namespace accel {
+
+/// A backend policy says where tensors live and how ranks talk:
+///   static constexpr std::string_view name;
+///   static constexpr bool multi_process;   // false: one process whatever the environment says
+///   static constexpr bool available;       // compiled into this build
+///   static torch::Device device(const runtime::ProcessEnv&);
+///   static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv&,
+///                                                                   const AcceleratorOptions&);
+template <class B>
+concept BackendPolicy = requires(const runtime::ProcessEnv& env, const AcceleratorOptions& opts) {
+  { B::name } -> std::convertible_to<std::string_view>;
+  { B::multi_process } -> std::convertible_to<bool>;
+  { B::available } -> std::convertible_to<bool>;
+  { B::device(env) } -> std::same_as<torch::Device>;
+  { B::make_communicator(env, opts) } -> std::same_as<std::shared_ptr<runtime::Communicator>>;
+};
+
+template <class B>
+struct is_backend_policy : std::bool_constant<BackendPolicy<B>> {};
+template <class B>
+inline constexpr bool is_backend_policy_v = is_backend_policy<B>::value;
+
+template <class B>
+struct check_backend_policy {
+  static_assert(is_backend_policy_v<B>,
+                "accel: the Backend parameter of Accelerator is not a backend policy. Use "
+                "accel::backend::SingleDevice, Gloo, Mpi or Nccl (or see docs/backends.md to write one).");
+  static constexpr bool value = is_backend_policy_v<B>;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_BACKEND_CONCEPT_HPP
+// end <accel/backend/concept.hpp>
+// begin <accel/backend/gloo.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::Gloo: PyTorch's c10d Gloo process group.
+#ifndef ACCEL_BACKEND_GLOO_HPP
+#define ACCEL_BACKEND_GLOO_HPP
+
+#include <memory>
+#include <string_view>
+
+// begin <accel/runtime/gloo_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::GlooCommunicator and make_gloo_communicator:
+/// the Communicator over PyTorch's c10d ProcessGroupGloo (CPU tensors).
+#ifndef ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The header guards its content with USE_C10D_GLOO, which LibTorch's CMake
+// config does not export; the library itself is always built with Gloo.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+// begin <accel/runtime/store.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::make_store: the rendezvous key-value store
+/// (c10d TCPStore on MASTER_ADDR:MASTER_PORT, or a c10d FileStore).
+#ifndef ACCEL_RUNTIME_STORE_HPP
+#define ACCEL_RUNTIME_STORE_HPP
+
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+
+namespace accel::runtime {
+
+struct StoreOptions {
+  /// How long a rank waits for the master (and rank 0 for every rank to join).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// When set, a c10d FileStore at this path (shared file system) replaces
+  /// the TCP store; the file must not be left over from another job.
+  std::optional<std::string> file_path;
+};
+
+namespace detail {
+
+inline bool contains(const std::string& text, const char* what) {
+  return text.find(what) != std::string::npos;
+}
+
+/// c10d reports failures as c10::Error with free text; turn them into
+/// accel's errors that say what to do.
+[[noreturn]] inline void rethrow_store_error(const std::exception& e, const ProcessEnv& env,
+                                             std::chrono::milliseconds timeout) {
+  const std::string msg = e.what();
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  if (env.rank == 0 && (contains(msg, "ddress already in use") || contains(msg, "failed to listen") ||
+                        contains(msg, "failed to bind")))
+    throw Error("accel: rank 0 cannot listen on " + where + ": port " +
+                std::to_string(env.master_port) +
+                " is already in use (another job, or a previous run still exiting). Choose "
+                "another --main_process_port (MASTER_PORT), or 0 to let accel pick a free one.");
+  if (contains(msg, "timed out") || contains(msg, "Timed out") || contains(msg, "timeout"))
+    throw TimeoutError("accel: rank " + std::to_string(env.rank) + " could not rendezvous with " +
+                       where + " within " + std::to_string(timeout.count()) +
+                       " ms (" + msg.substr(0, msg.find('\n')) +
+                       "). Check that rank 0 is running and MASTER_ADDR/MASTER_PORT are the same "
+                       "on every rank, or raise the timeout.");
+  throw Error("accel: rendezvous through " + where + " failed on rank " + std::to_string(env.rank) +
+              ": " + msg.substr(0, msg.find('\n')) +
+              ". Check MASTER_ADDR/MASTER_PORT and that every rank can reach rank 0.");
+}
+
+}  // namespace detail
+
+/// The store every rank of `env` meets in. Rank 0 serves a TCPStore on
+/// env.master_port and waits (up to the timeout) for all ranks to connect;
+/// the others connect to env.master_addr:env.master_port. With
+/// options.file_path, a FileStore instead (no network).
+inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOptions options = {}) {
+  if (options.file_path) {
+    try {
+      auto store = c10::make_intrusive<c10d::FileStore>(*options.file_path, env.world_size);
+      store->setTimeout(options.timeout);
+      return store;
+    } catch (const std::exception& e) {
+      throw Error("accel: cannot open the file store '" + *options.file_path + "': " + e.what() +
+                  ". Give a path in a writable directory shared by all ranks.");
+    }
+  }
+  ACCEL_CHECK(env.master_port >= 0 && env.master_port <= 65535, "accel: MASTER_PORT ",
+              env.master_port, " is not a TCP port. Give a port between 1 and 65535.");
+  // TCPStore(host, TCPStoreOptions) exists from LibTorch 1.13 through 2.x; the
+  // positional constructor is deprecated in 1.13 and gone later.
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = static_cast<std::size_t>(env.world_size);
+  opts.waitWorkers = true;
+  opts.timeout = options.timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    detail::rethrow_store_error(e, env, options.timeout);
+  }
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_STORE_HPP
+// end <accel/runtime/store.hpp>
+
+namespace accel::runtime {
+
+struct GlooOptions {
+  /// Bound on rendezvous and on every collective: a dead or stuck rank makes
+  /// the others fail with accel::Error / accel::TimeoutError after at most this.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Rendezvous through a c10d FileStore at this path instead of TCP.
+  std::optional<std::string> file_store;
+  /// Gloo worker threads (collectives that may run at the same time).
+  int threads = 2;
+};
+
+namespace detail {
+
+inline c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Sum: break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+/// Names the op and the rank, keeps c10d's first line, says what to do.
+[[noreturn]] inline void rethrow_collective_error(const std::exception& e, const std::string& backend,
+                                                  const std::string& op, int rank, int size,
+                                                  std::chrono::milliseconds timeout) {
+  std::string msg = e.what();
+  msg = msg.substr(0, msg.find('\n'));
+  const std::string head = "accel: " + backend + " " + op + " failed on rank " +
+                           std::to_string(rank) + " of " + std::to_string(size) + ": ";
+  if (msg.find("imed out") != std::string::npos || msg.find("timeout") != std::string::npos)
+    throw TimeoutError(head + msg + " (timeout " + std::to_string(timeout.count()) +
+                       " ms). Another rank did not reach the same collective: check that every "
+                       "rank calls the collectives in the same order, or raise the timeout.");
+  throw Error(head + msg +
+              ". A peer process probably exited or crashed: look at the other ranks' errors.");
+}
+
+inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const ProcessEnv& env) {
+  if (auto ifname = getenv_str("GLOO_SOCKET_IFNAME"))
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+  // Every rank on this host (or a loopback master): loopback needs no DNS.
+  const bool loopback = env.master_addr == "127.0.0.1" || env.master_addr == "localhost" ||
+                        env.master_addr == "::1";
+  if (loopback || env.local_world_size >= env.world_size)
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+/// A c10d work plus what must happen after it (copy out of a temporary).
+class GlooWork final : public Work {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
+           std::chrono::milliseconds timeout, std::function<void()> then = {})
+      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
+        then_(std::move(then)) {}
+
+  void wait() override {
+    if (done_) return;
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      rethrow_collective_error(e, "gloo", op_, rank_, size_, timeout_);
+    }
+    if (then_) then_();
+    done_ = true;
+  }
+
+  bool is_completed() override { return done_ || work_->isCompleted(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string op_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> then_;
+  bool done_ = false;
+};
+
+}  // namespace detail
+
+/// Communicator over c10d::ProcessGroupGloo. Tensors must be dense,
+/// contiguous CPU tensors (Gloo's CUDA path is not used by accel).
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env, GlooOptions options)
+      : store_(std::move(store)), rank_(env.rank), size_(env.world_size), timeout_(options.timeout) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    opts->devices.push_back(detail::make_gloo_device(env));
+    opts->threads = options.threads;
+    try {
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts);
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, "gloo", "rendezvous", rank_, size_, timeout_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend_name() const override { return "gloo"; }
+
+  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
+    check(tensor, "all_reduce");
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    return launch("all_reduce", [&] { return pg_->allreduce(ts, o); });
+  }
+
+  /// Gloo's allgather into per-rank views of `output` (LibTorch 1.13's Gloo
+  /// has no _allgather_base); Gloo gathers into its own flat buffer and
+  /// copies into the views: one extra copy of the output.
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    check(input, "all_gather");
+    check(output, "all_gather");
+    const auto n = input.numel();
+    ACCEL_CHECK(output.numel() == n * size_, "accel: all_gather output has ", output.numel(),
+                " elements, expected world size ", size_, " x ", n,
+                ". Allocate the output with size() * input.numel() elements.");
+    std::vector<std::vector<at::Tensor>> outs(1);
+    auto flat = output.view(-1);
+    for (int r = 0; r < size_; ++r) outs[0].push_back(flat.narrow(0, r * n, n).view(input.sizes()));
+    std::vector<at::Tensor> ins{input};
+    c10d::AllgatherOptions o;
+    o.timeout = timeout_;
+    return launch("all_gather", [&] { return pg_->allgather(outs, ins, o); });
+  }
+
+  /// LibTorch 1.13's Gloo has no reduce_scatter: all-reduce a copy of the
+  /// input and keep this rank's chunk. Costs one copy of the input and about
+  /// twice the traffic of a true reduce-scatter (an all-reduce is a
+  /// reduce-scatter followed by an all-gather).
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op = ReduceOp::Sum) override {
+    check(input, "reduce_scatter");
+    check(output, "reduce_scatter");
+    const auto n = output.numel();
+    ACCEL_CHECK(input.numel() == n * size_, "accel: reduce_scatter input has ", input.numel(),
+                " elements, expected world size ", size_, " x ", n,
+                ". Give an input with size() * output.numel() elements.");
+    std::vector<at::Tensor> ts{input.reshape(-1).clone()};
+    c10d::AllreduceOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    auto tmp = ts[0];
+    auto out = output;
+    const int r = rank_;
+    return launch("reduce_scatter", [&] { return pg_->allreduce(ts, o); },
+                  [tmp, out, r, n]() mutable { out.view(-1).copy_(tmp.narrow(0, r * n, n)); });
+  }
+
+  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
+    check(tensor, "broadcast");
+    ACCEL_CHECK(src >= 0 && src < size_, "accel: broadcast from rank ", src,
+                " but the world size is ", size_, ". Give a source rank in [0, size()).");
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = timeout_;
+    return launch("broadcast", [&] { return pg_->broadcast(ts, o); });
+  }
+
+  void barrier() override {
+    c10d::BarrierOptions o;
+    o.timeout = timeout_;
+    launch("barrier", [&] { return pg_->barrier(o); })->wait();
+  }
+
+  /// The underlying process group (for benchmarks and advanced use).
+  const c10::intrusive_ptr<c10d::ProcessGroupGloo>& process_group() const { return pg_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+ private:
+  void check(const torch::Tensor& t, const char* op) const {
+    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "accel: gloo ", op,
+                " needs a defined, contiguous CPU tensor. Call .contiguous().cpu() first.");
+  }
+
+  template <class Start>
+  std::shared_ptr<Work> launch(const char* op, Start&& start, std::function<void()> then = {}) {
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = start();
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, "gloo", op, rank_, size_, timeout_);
+    }
+    return std::make_shared<detail::GlooWork>(std::move(w), op, rank_, size_, timeout_,
+                                              std::move(then));
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+/// Gloo communicator over an existing store (shared with other users of it).
+inline std::shared_ptr<GlooCommunicator> make_gloo_communicator(
+    const ProcessEnv& env, c10::intrusive_ptr<c10d::Store> store, GlooOptions options = {}) {
+  return std::make_shared<GlooCommunicator>(std::move(store), env, std::move(options));
+}
+
+/// Rendezvous (TCPStore on MASTER_ADDR:MASTER_PORT, or options.file_store)
+/// and a Gloo process group over all ranks of `env`.
+inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& env,
+                                                            GlooOptions options = {}) {
+  auto store = make_store(env, StoreOptions{options.timeout, options.file_store});
+  return make_gloo_communicator(env, std::move(store), std::move(options));
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
+// end <accel/runtime/gloo_communicator.hpp>
+
+namespace accel::backend {
+
+/// CPU tensors (and CUDA) across processes and machines; rendezvous through
+/// a c10d TCPStore at MASTER_ADDR:MASTER_PORT, or a FileStore
+/// (AcceleratorOptions::file_store).
+struct Gloo {
+  static constexpr std::string_view name = "Gloo";
+  static constexpr bool multi_process = true;
+  static constexpr bool available = true;
+
+  static torch::Device device(const runtime::ProcessEnv& env) {
+    if (torch::cuda::is_available())
+      return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                             env.local_rank % static_cast<int>(torch::cuda::device_count())));
+    return torch::Device(torch::kCPU);
+  }
+  static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv& env,
+                                                                  const AcceleratorOptions& opts) {
+    if (env.world_size == 1) return std::make_shared<runtime::LocalCommunicator>();
+    runtime::GlooOptions g;
+    g.timeout = opts.timeout;
+    g.file_store = opts.file_store;
+    return runtime::make_gloo_communicator(env, g);
+  }
+};
+
+}  // namespace accel::backend
+
+#endif  // ACCEL_BACKEND_GLOO_HPP
+// end <accel/backend/gloo.hpp>
+// begin <accel/backend/mpi.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::Mpi: MPI's non-blocking collectives.
+#ifndef ACCEL_BACKEND_MPI_HPP
+#define ACCEL_BACKEND_MPI_HPP
+
+#include <memory>
+#include <string_view>
+
+#if ACCEL_WITH_MPI
+// begin <accel/runtime/mpi_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::MpiCommunicator and make_mpi_communicator:
+/// the Communicator over MPI's non-blocking collectives (ACCEL_WITH_MPI).
+#ifndef ACCEL_RUNTIME_MPI_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_MPI_COMMUNICATOR_HPP
+
+#if ACCEL_WITH_MPI
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// begin <accel/runtime/detail/mpi_runtime.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::detail::MpiRuntime: MPI initialised once per
+/// process (finalised at exit unless the user initialised it), and the join of
+/// processes that mpirun did not start (OpenMPI singletons + ompi-server).
+#ifndef ACCEL_RUNTIME_DETAIL_MPI_RUNTIME_HPP
+#define ACCEL_RUNTIME_DETAIL_MPI_RUNTIME_HPP
+
+#if ACCEL_WITH_MPI
+
+#include <mpi.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+
+namespace accel::runtime::detail {
+
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+/// True when an MPI launcher (mpirun/mpiexec, srun with PMI/PMIx) started us.
+inline bool started_by_mpi_launcher() {
+  return getenv_str("OMPI_COMM_WORLD_SIZE") || getenv_str("PMIX_RANK") || getenv_str("PMI_SIZE") ||
+         getenv_str("PMI_RANK");
+}
+
+/// Process-wide MPI state: one MPI_Init_thread, one MPI_Finalize at exit.
+class MpiRuntime {
+ public:
+  static MpiRuntime& instance() {
+    static MpiRuntime runtime;
+    return runtime;
+  }
+
+  /// Initialises MPI unless someone (the user, or an earlier call) did.
+  void ensure_initialized() {
+    std::lock_guard<std::mutex> guard(init_mutex_);
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    ACCEL_CHECK(!finalized, "accel: MPI was already finalised in this process. Create the MPI "
+                            "communicator before MPI_Finalize.");
+    if (!initialized) {
+      int provided = 0;
+      int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      ACCEL_CHECK(rc == MPI_SUCCESS, "accel: MPI_Init_thread failed: ", mpi_error_string(rc),
+                  ". Check the MPI installation (try `mpirun -np 2 hostname`).");
+      owns_mpi_ = true;
+    }
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    multiple_ = level >= MPI_THREAD_MULTIPLE;
+  }
+
+  /// Locks MPI calls unless MPI is thread-safe (MPI_THREAD_MULTIPLE).
+  std::unique_lock<std::mutex> lock() {
+    return multiple_ ? std::unique_lock<std::mutex>(call_mutex_, std::defer_lock)
+                     : std::unique_lock<std::mutex>(call_mutex_);
+  }
+
+  bool thread_multiple() const { return multiple_; }
+  bool owns_mpi() const { return owns_mpi_; }
+
+  /// An ompi-server this process started for the singleton join; ended at exit.
+  void adopt_server(pid_t pid) { server_pid_ = pid; }
+
+  /// MPI_Finalize (if accel initialised MPI) and stop ompi-server. Runs at
+  /// exit; call it yourself only before leaving through _exit.
+  void shutdown() {
+    std::lock_guard<std::mutex> guard(init_mutex_);
+    int initialized = 0, finalized = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (owns_mpi_ && initialized && !finalized) MPI_Finalize();
+    if (server_pid_ > 0) {
+      ::kill(server_pid_, SIGTERM);
+      ::waitpid(server_pid_, nullptr, 0);
+      server_pid_ = -1;
+    }
+  }
+
+  ~MpiRuntime() { shutdown(); }
+
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+ private:
+  MpiRuntime() = default;
+  std::mutex init_mutex_, call_mutex_;
+  bool owns_mpi_ = false, multiple_ = false;
+  pid_t server_pid_ = -1;
+};
+
+inline std::string store_get_string(c10d::Store& store, const std::string& key) {
+  auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+inline void store_set_string(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+inline std::string find_program(const std::string& name) {
+  auto path = getenv_str("PATH").value_or("/usr/bin:/bin");
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    auto end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::filesystem::path p = std::filesystem::path(path.substr(start, end - start)) / name;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+    start = end + 1;
+  }
+  return {};
+}
+
+/// Rank 0: starts `ompi-server` and returns its URI (read from --report-uri).
+inline std::string start_ompi_server(std::chrono::milliseconds timeout) {
+  const std::string exe = find_program("ompi-server");
+  ACCEL_CHECK(!exe.empty(), "accel: backend::Mpi in processes not started by mpirun needs "
+                            "OpenMPI's ompi-server, which is not on PATH. Start the program with "
+                            "`mpirun -np N`, or install OpenMPI's tools.");
+  const auto uri_file = std::filesystem::temp_directory_path() /
+                        ("accel-ompi-server-" + std::to_string(::getpid()) + ".uri");
+  std::filesystem::remove(uri_file);
+  pid_t pid = ::fork();
+  ACCEL_CHECK(pid >= 0, "accel: cannot fork ompi-server. Start the program with `mpirun -np N`.");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlives rank 0
+    ::execl(exe.c_str(), exe.c_str(), "--no-daemonize", "--report-uri", uri_file.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  MpiRuntime::instance().adopt_server(pid);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string uri;
+  while (uri.empty()) {
+    std::ifstream in(uri_file);
+    if (in) std::getline(in, uri);
+    if (!uri.empty()) break;
+    int status = 0;
+    ACCEL_CHECK(::waitpid(pid, &status, WNOHANG) == 0,
+                "accel: ompi-server exited before reporting its address. Start the program with "
+                "`mpirun -np N` instead.");
+    ACCEL_CHECK(std::chrono::steady_clock::now() < deadline,
+                "accel: ompi-server did not report its address in time. Start the program with "
+                "`mpirun -np N` instead.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::filesystem::remove(uri_file);
+  return uri;
+}
+
+/// Joins `world_size` OpenMPI singletons into one intra-communicator whose
+/// ranks equal env.rank: rank 0 opens a port, then rank k connects while
+/// ranks 0..k-1 accept, and each step merges (the newcomer last). The port
+/// name and ompi-server's URI travel through the c10d store. Must run before
+/// MPI_Init: OMPI_MCA_pmix_server_uri is read there.
+inline MPI_Comm join_singletons(const ProcessEnv& env, c10d::Store& store,
+                                std::chrono::milliseconds timeout) {
+  auto& rt = MpiRuntime::instance();
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  ACCEL_CHECK(!initialized, "accel: MPI is already initialised but this process was not started "
+                            "by mpirun, so its ranks cannot be joined. Start the program with "
+                            "`mpirun -np N`, or let accel initialise MPI.");
+  if (env.rank == 0) {
+    std::string uri;
+    try {
+      uri = start_ompi_server(timeout);
+    } catch (...) {
+      store_set_string(store, "accel/mpi/uri", "");
+      throw;
+    }
+    store_set_string(store, "accel/mpi/uri", uri);
+  }
+  const std::string uri = store_get_string(store, "accel/mpi/uri");
+  ACCEL_CHECK(!uri.empty(), "accel: rank 0 could not start ompi-server for backend::Mpi. Start "
+                            "the program with `mpirun -np N`.");
+  ::setenv("OMPI_MCA_pmix_server_uri", uri.c_str(), 1);
+  rt.ensure_initialized();
+
+  char port[MPI_MAX_PORT_NAME] = {0};
+  if (env.rank == 0) {
+    MPI_Open_port(MPI_INFO_NULL, port);
+    store_set_string(store, "accel/mpi/port", port);
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_SELF, &comm);
+  for (int k = 1; k < env.world_size; ++k) {
+    if (env.rank > k) continue;  // not started yet: joins at step env.rank
+    MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    int rc;
+    if (env.rank < k) {
+      if (env.rank == 0) store_set_string(store, "accel/mpi/accepting/" + std::to_string(k), "1");
+      rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, comm, &inter);
+    } else {
+      store.wait({"accel/mpi/accepting/" + std::to_string(k)}, timeout);
+      const std::string name = store_get_string(store, "accel/mpi/port");
+      rc = MPI_Comm_connect(name.c_str(), MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter);
+    }
+    ACCEL_CHECK(rc == MPI_SUCCESS, "accel: rank ", env.rank, " could not join MPI rank ", k, ": ",
+                mpi_error_string(rc), ". Start the program with `mpirun -np N`.");
+    MPI_Intercomm_merge(inter, env.rank == k ? 1 : 0, &merged);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&comm);
+    comm = merged;
+  }
+  if (env.rank == 0) MPI_Close_port(port);
+  int r = -1, n = 0;
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(comm, &n);
+  ACCEL_CHECK(r == env.rank && n == env.world_size, "accel: joined MPI ranks disagree with the "
+              "environment (rank ", r, " of ", n, " vs ", env.rank, " of ", env.world_size,
+              "). Start the program with `mpirun -np N`.");
+  return comm;
+}
+
+}  // namespace accel::runtime::detail
+
+#endif  // ACCEL_WITH_MPI
+
+#endif  // ACCEL_RUNTIME_DETAIL_MPI_RUNTIME_HPP
+// end <accel/runtime/detail/mpi_runtime.hpp>
+// begin <accel/runtime/detail/mpi_work.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the MPI communicator's internals: dtype and op mapping, and
+/// the two kinds of Work (MPI_Test polling, or a progress thread that runs
+/// blocking collectives).
+#ifndef ACCEL_RUNTIME_DETAIL_MPI_WORK_HPP
+#define ACCEL_RUNTIME_DETAIL_MPI_WORK_HPP
+
+#if ACCEL_WITH_MPI
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::runtime::detail {
+
+/// MPI has no float16/bfloat16 types: reductions of those run in float32 on
+/// a widened copy (exact for the sums of a few values; one conversion each
+/// way); all_gather and broadcast move their bits as 16-bit words.
+inline bool needs_widening(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+}
+
+inline MPI_Datatype mpi_type(torch::ScalarType t, bool reduce) {
+  switch (t) {
+    case torch::kFloat: return MPI_FLOAT;
+    case torch::kDouble: return MPI_DOUBLE;
+    case torch::kLong: return MPI_INT64_T;
+    case torch::kInt: return MPI_INT32_T;
+    case torch::kShort: return MPI_INT16_T;
+    case torch::kChar: return MPI_INT8_T;
+    case torch::kByte: return MPI_UINT8_T;
+    case torch::kHalf:
+    case torch::kBFloat16: return reduce ? MPI_DATATYPE_NULL : MPI_UINT16_T;
+    default: break;
+  }
+  throw Error(std::string("accel: MPI collectives do not support tensors of type ") +
+              c10::toString(t) + ". Use float, double, half, bfloat16 or an integer type.");
+}
+
+inline MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Sum: break;
+  }
+  return MPI_SUM;
+}
+
+inline int mpi_count(int64_t n, const char* op) {
+  ACCEL_CHECK(n <= INT_MAX, "accel: MPI ", op, " of ", n,
+              " elements exceeds MPI's int count. Split the tensor into smaller chunks.");
+  return static_cast<int>(n);
+}
+
+inline std::string mpi_timeout_message(const std::string& op, int rank, int size,
+                                       std::chrono::milliseconds timeout) {
+  return "accel: mpi " + op + " did not finish on rank " + std::to_string(rank) + " of " +
+         std::to_string(size) + " within " + std::to_string(timeout.count()) +
+         " ms. Another rank did not reach the same collective: check that every rank calls the "
+         "collectives in the same order, or raise the timeout.";
+}
+
+inline std::string mpi_failure_message(const std::string& op, int rank, int size, int rc) {
+  return "accel: mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
+         std::to_string(size) + ": " + mpi_error_string(rc) +
+         ". A peer process probably exited, or the ranks passed different sizes or types: look "
+         "at the other ranks' errors.";
+}
+
+/// An MPI request polled with MPI_Test until done or past the deadline.
+/// OpenMPI progresses non-blocking collectives inside MPI_Test, so the loop
+/// spins (like MPI_Wait does) and only backs off after a second.
+class MpiTestWork final : public Work {
+ public:
+  MpiTestWork(MPI_Request req, std::string op, int rank, int size, std::chrono::milliseconds timeout,
+              std::vector<torch::Tensor> keep, std::function<void()> then)
+      : req_(req), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
+        keep_(std::move(keep)), then_(std::move(then)) {}
+
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    while (!test()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - start > timeout_) throw TimeoutError(mpi_timeout_message(op_, rank_, size_, timeout_));
+      if (now - start > std::chrono::seconds(1))
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  bool is_completed() override { return test(); }
+
+ private:
+  bool test() {
+    if (done_) return true;
+    int flag = 0, rc;
+    {
+      auto lock = MpiRuntime::instance().lock();
+      rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    }
+    if (rc != MPI_SUCCESS) throw Error(mpi_failure_message(op_, rank_, size_, rc));
+    if (!flag) return false;
+    done_ = true;
+    if (then_) then_();
+    keep_.clear();
+    return true;
+  }
+
+  MPI_Request req_;
+  std::string op_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::vector<torch::Tensor> keep_;  // buffers MPI reads or writes until done
+  std::function<void()> then_;
+  bool done_ = false;
+};
+
+/// Completion of one collective run by the progress thread.
+struct MpiOpState {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  int rc = MPI_SUCCESS;
+};
+
+/// Runs blocking collectives one after another on its own thread. The queue
+/// is shared with the thread, so a thread stuck in MPI (a dead peer) can be
+/// detached safely.
+class MpiProgressThread {
+ public:
+  MpiProgressThread() : q_(std::make_shared<Queue>()) {
+    thread_ = std::thread([q = q_] { run(*q); });
+  }
+  MpiProgressThread(const MpiProgressThread&) = delete;
+  MpiProgressThread& operator=(const MpiProgressThread&) = delete;
+
+  /// Stops after the queued collectives; waits at most `grace` for them.
+  void stop(std::chrono::milliseconds grace) {
+    if (!thread_.joinable()) return;
+    std::unique_lock<std::mutex> l(q_->m);
+    q_->stop = true;
+    q_->cv.notify_all();
+    const bool idle = q_->cv.wait_for(l, grace, [&] { return q_->tasks.empty() && !q_->busy; });
+    l.unlock();
+    if (idle) thread_.join();
+    else thread_.detach();  // stuck in MPI: the job is broken anyway
+  }
+  ~MpiProgressThread() { stop(std::chrono::milliseconds(0)); }
+
+  std::shared_ptr<MpiOpState> submit(std::function<int()> fn) {
+    auto st = std::make_shared<MpiOpState>();
+    {
+      std::lock_guard<std::mutex> l(q_->m);
+      q_->tasks.push_back({std::move(fn), st});
+      q_->pending.fetch_add(1);
+    }
+    q_->cv.notify_all();
+    return st;
+  }
+
+ private:
+  struct Task {
+    std::function<int()> fn;
+    std::shared_ptr<MpiOpState> state;
+  };
+  struct Queue {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<Task> tasks;
+    bool stop = false, busy = false;
+    std::atomic<int> pending{0};  // tasks.size(), readable without the lock
+  };
+
+  static void run(Queue& q) {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> l(q.m);
+        if (q.tasks.empty() && !q.stop) {
+          // Collectives come in bursts (gradient buckets): stay awake briefly.
+          l.unlock();
+          const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+          while (std::chrono::steady_clock::now() < spin_until && q.pending.load() == 0)
+            std::this_thread::yield();
+          l.lock();
+        }
+        q.cv.wait(l, [&] { return q.stop || !q.tasks.empty(); });
+        if (q.tasks.empty()) return;
+        task = std::move(q.tasks.front());
+        q.tasks.pop_front();
+        q.pending.fetch_sub(1);
+        q.busy = true;
+      }
+      const int rc = task.fn();
+      task.fn = nullptr;  // release the buffers before reporting completion
+      {
+        std::lock_guard<std::mutex> l(task.state->m);
+        task.state->rc = rc;
+        task.state->done = true;
+      }
+      task.state->cv.notify_all();
+      {
+        std::lock_guard<std::mutex> l(q.m);
+        q.busy = false;
+      }
+      q.cv.notify_all();
+    }
+  }
+
+  std::shared_ptr<Queue> q_;
+  std::thread thread_;
+};
+
+class MpiThreadWork final : public Work {
+ public:
+  MpiThreadWork(std::shared_ptr<MpiOpState> state, std::string op, int rank, int size,
+                std::chrono::milliseconds timeout, std::function<void()> then)
+      : state_(std::move(state)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
+        then_(std::move(then)) {}
+
+  void wait() override {
+    if (done_) return;
+    // Sleep, do not spin: the progress thread usually shares this core
+    // (mpirun binds a rank to one core) and needs it to progress MPI.
+    {
+      std::unique_lock<std::mutex> l(state_->m);
+      if (!state_->cv.wait_for(l, timeout_, [&] { return state_->done; }))
+        throw TimeoutError(mpi_timeout_message(op_, rank_, size_, timeout_));
+    }
+    finish();
+  }
+
+  bool is_completed() override {
+    if (done_) return true;
+    {
+      std::lock_guard<std::mutex> l(state_->m);
+      if (!state_->done) return false;
+    }
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    if (state_->rc != MPI_SUCCESS) throw Error(mpi_failure_message(op_, rank_, size_, state_->rc));
+    if (then_) then_();
+    then_ = nullptr;
+    done_ = true;
+  }
+
+  std::shared_ptr<MpiOpState> state_;
+  std::string op_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> then_;
+  bool done_ = false;
+};
+
+}  // namespace accel::runtime::detail
+
+#endif  // ACCEL_WITH_MPI
+
+#endif  // ACCEL_RUNTIME_DETAIL_MPI_WORK_HPP
+// end <accel/runtime/detail/mpi_work.hpp>
+
+namespace accel::runtime {
+
+/// How collectives make progress between launch and wait().
+enum class MpiProgress {
+  /// MPI's non-blocking collectives (MPI_Iallreduce...), progressed by the
+  /// MPI_Test polling in wait(). No extra thread; but OpenMPI's libnbc moves
+  /// data only while someone polls (little overlap with computation) and
+  /// reaches ~0.7x of blocking MPI_Allreduce (bench/allreduce_bandwidth).
+  Test,
+  /// One thread per communicator runs MPI's blocking (tuned) collectives in
+  /// launch order, so they progress while the caller computes. Alone it is as
+  /// fast as MPI_Allreduce, but interleaved with MPI calls made by other
+  /// threads of the rank it measured far slower for small buffers on a busy
+  /// 2-core machine: opt in and measure. Needs MPI_THREAD_MULTIPLE (else Test).
+  Thread,
+};
+
+struct MpiOptions {
+  /// Bound on every wait(): past it, accel::TimeoutError (the collective
+  /// stays in flight, as MPI cannot cancel one: end the job).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Processes not started by mpirun meet through this FileStore (else the
+  /// TCPStore on MASTER_ADDR:MASTER_PORT) to join as OpenMPI singletons.
+  std::optional<std::string> file_store;
+  MpiProgress progress = MpiProgress::Test;
+};
+
+/// Communicator over an MPI communicator (its own duplicate, so accel's
+/// collectives never match the user's). CPU tensors only.
+class MpiCommunicator final : public Communicator {
+ public:
+  /// Takes ownership of `comm` (freed in the destructor unless MPI is finalised).
+  MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout,
+                  MpiProgress progress = MpiProgress::Test)
+      : comm_(comm), timeout_(timeout) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    if (progress == MpiProgress::Thread && detail::MpiRuntime::instance().thread_multiple())
+      thread_ = std::make_unique<detail::MpiProgressThread>();
+  }
+  ~MpiCommunicator() override {
+    if (thread_) thread_->stop(timeout_);
+    thread_.reset();
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend_name() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
+  MpiProgress progress() const { return thread_ ? MpiProgress::Thread : MpiProgress::Test; }
+
+  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
+    check(tensor, "all_reduce");
+    auto buf = detail::needs_widening(tensor) ? tensor.to(torch::kFloat) : tensor;
+    const int count = detail::mpi_count(buf.numel(), "all_reduce");
+    const auto type = detail::mpi_type(buf.scalar_type(), true);
+    const auto mop = detail::mpi_op(op);
+    std::function<void()> then;
+    if (!buf.is_same(tensor)) then = [buf, out = tensor]() mutable { out.copy_(buf); };
+    void* p = buf.data_ptr();
+    MPI_Comm c = comm_;
+    return start(
+        "all_reduce", {buf}, std::move(then),
+        [=](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, count, type, mop, c, r); },
+        [=] { return MPI_Allreduce(MPI_IN_PLACE, p, count, type, mop, c); });
+  }
+
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    check(input, "all_gather");
+    check(output, "all_gather");
+    ACCEL_CHECK(output.scalar_type() == input.scalar_type(),
+                "accel: all_gather output and input types differ. Give both the same dtype.");
+    ACCEL_CHECK(output.numel() == input.numel() * size_, "accel: all_gather output has ",
+                output.numel(), " elements, expected world size ", size_, " x ", input.numel(),
+                ". Allocate the output with size() * input.numel() elements.");
+    const int count = detail::mpi_count(input.numel(), "all_gather");
+    const auto type = detail::mpi_type(input.scalar_type(), false);
+    void* in = input.data_ptr();
+    void* out = output.data_ptr();
+    MPI_Comm c = comm_;
+    return start(
+        "all_gather", {output, input}, {},
+        [=](MPI_Request* r) { return MPI_Iallgather(in, count, type, out, count, type, c, r); },
+        [=] { return MPI_Allgather(in, count, type, out, count, type, c); });
+  }
+
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op = ReduceOp::Sum) override {
+    check(input, "reduce_scatter");
+    check(output, "reduce_scatter");
+    ACCEL_CHECK(input.numel() == output.numel() * size_, "accel: reduce_scatter input has ",
+                input.numel(), " elements, expected world size ", size_, " x ", output.numel(),
+                ". Give an input with size() * output.numel() elements.");
+    const bool widen = detail::needs_widening(input) || detail::needs_widening(output);
+    auto in = widen ? input.to(torch::kFloat) : input;
+    auto out = widen ? torch::empty(output.sizes(), output.options().dtype(torch::kFloat)) : output;
+    ACCEL_CHECK(in.scalar_type() == out.scalar_type(),
+                "accel: reduce_scatter output and input types differ. Give both the same dtype.");
+    const int count = detail::mpi_count(out.numel(), "reduce_scatter");
+    const auto type = detail::mpi_type(in.scalar_type(), true);
+    const auto mop = detail::mpi_op(op);
+    std::function<void()> then;
+    if (widen) then = [out, dst = output]() mutable { dst.copy_(out); };
+    void* pi = in.data_ptr();
+    void* po = out.data_ptr();
+    MPI_Comm c = comm_;
+    return start(
+        "reduce_scatter", {in, out}, std::move(then),
+        [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, count, type, mop, c, r); },
+        [=] { return MPI_Reduce_scatter_block(pi, po, count, type, mop, c); });
+  }
+
+  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
+    check(tensor, "broadcast");
+    ACCEL_CHECK(src >= 0 && src < size_, "accel: broadcast from rank ", src,
+                " but the world size is ", size_, ". Give a source rank in [0, size()).");
+    const int count = detail::mpi_count(tensor.numel(), "broadcast");
+    const auto type = detail::mpi_type(tensor.scalar_type(), false);
+    void* p = tensor.data_ptr();
+    MPI_Comm c = comm_;
+    return start(
+        "broadcast", {tensor}, {},
+        [=](MPI_Request* r) { return MPI_Ibcast(p, count, type, src, c, r); },
+        [=] { return MPI_Bcast(p, count, type, src, c); });
+  }
+
+  void barrier() override {
+    MPI_Comm c = comm_;
+    start(
+        "barrier", {}, {}, [=](MPI_Request* r) { return MPI_Ibarrier(c, r); },
+        [=] { return MPI_Barrier(c); })
+        ->wait();
+  }
+
+ private:
+  void check(const torch::Tensor& t, const char* op) const {
+    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "accel: mpi ", op,
+                " needs a defined, contiguous CPU tensor. Call .contiguous().cpu() first.");
+  }
+
+  /// Hands the collective to the progress thread (blocking form) or posts
+  /// its non-blocking form; `keep` stays alive until it is done.
+  template <class Post, class Run>
+  std::shared_ptr<Work> start(const char* op, std::vector<torch::Tensor> keep,
+                              std::function<void()> then, Post post, Run run) {
+    if (thread_) {
+      auto state = thread_->submit([run, keep = std::move(keep)] { return run(); });
+      return std::make_shared<detail::MpiThreadWork>(std::move(state), op, rank_, size_, timeout_,
+                                                     std::move(then));
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc;
+    {
+      auto lock = detail::MpiRuntime::instance().lock();
+      rc = post(&req);
+    }
+    if (rc != MPI_SUCCESS) throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
+    return std::make_shared<detail::MpiTestWork>(req, op, rank_, size_, timeout_, std::move(keep),
+                                                 std::move(then));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<detail::MpiProgressThread> thread_;
+};
+
+/// MPI communicator over all ranks of `env`. Under mpirun/srun: a duplicate of
+/// MPI_COMM_WORLD (its size must equal env.world_size). Otherwise (accel's
+/// own launcher, torchrun-style variables): the ranks meet through a c10d
+/// store and join as OpenMPI singletons through an ompi-server that rank 0
+/// starts; without ompi-server this is an accel::Error asking for mpirun.
+inline std::shared_ptr<MpiCommunicator> make_mpi_communicator(const ProcessEnv& env,
+                                                              MpiOptions options = {}) {
+  auto& rt = detail::MpiRuntime::instance();
+  MPI_Comm comm = MPI_COMM_NULL;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (detail::started_by_mpi_launcher() || initialized || env.world_size == 1) {
+    rt.ensure_initialized();
+    MPI_Comm base = env.world_size == 1 && !detail::started_by_mpi_launcher() ? MPI_COMM_SELF
+                                                                              : MPI_COMM_WORLD;
+    int size = 0;
+    MPI_Comm_size(base, &size);
+    ACCEL_CHECK(size == env.world_size, "accel: MPI has ", size, " ranks but the environment says ",
+                env.world_size, " (from ", env.source, "). Start the program with `mpirun -np ",
+                env.world_size, "` and do not set RANK/WORLD_SIZE yourself.");
+    MPI_Comm_dup(base, &comm);
+  } else {
+    auto store = make_store(env, StoreOptions{options.timeout, options.file_store});
+    comm = detail::join_singletons(env, *store, options.timeout);
+    // Everyone has read the keys once all ranks are joined; the store may go.
+  }
+  return std::make_shared<MpiCommunicator>(comm, options.timeout, options.progress);
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_WITH_MPI
+
+#endif  // ACCEL_RUNTIME_MPI_COMMUNICATOR_HPP
+// end <accel/runtime/mpi_communicator.hpp>
+#endif
+
+namespace accel::backend {
+
+/// CPU tensors; ranks from mpirun/srun (OMPI_COMM_WORLD_*, PMI_*). Shared
+/// memory all-reduce on one machine is several times faster than Gloo's TCP.
+struct Mpi {
+  static constexpr std::string_view name = "Mpi";
+  static constexpr bool multi_process = true;
+  static constexpr bool available = ACCEL_WITH_MPI;
+
+  static torch::Device device(const runtime::ProcessEnv&) { return torch::Device(torch::kCPU); }
+  static std::shared_ptr<runtime::Communicator> make_communicator(
+      [[maybe_unused]] const runtime::ProcessEnv& env,
+      [[maybe_unused]] const AcceleratorOptions& opts) {
+#if ACCEL_WITH_MPI
+    runtime::MpiOptions m;
+    m.timeout = opts.timeout;
+    m.file_store = opts.file_store;
+    return runtime::make_mpi_communicator(env, m);
+#else
+    throw Error("accel: backend::Mpi is not available in this build. Use backend::Gloo.");
+#endif
+  }
+};
+
+}  // namespace accel::backend
+
+#endif  // ACCEL_BACKEND_MPI_HPP
+// end <accel/backend/mpi.hpp>
+// begin <accel/backend/nccl.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::Nccl: c10d's NCCL process group, one CUDA
+/// device per process. Usable only where ACCEL_WITH_NCCL is 1 (a CUDA build of
+/// LibTorch); elsewhere Accelerator<backend::Nccl> is a compile error.
+#ifndef ACCEL_BACKEND_NCCL_HPP
+#define ACCEL_BACKEND_NCCL_HPP
+
+#include <memory>
+#include <string_view>
+
+#if ACCEL_WITH_NCCL
+#include <accel/runtime/nccl_communicator.hpp>
+#endif
+
+namespace accel::backend {
+
+struct Nccl {
+  static constexpr std::string_view name = "Nccl";
+  static constexpr bool multi_process = true;
+  static constexpr bool available = ACCEL_WITH_NCCL;
+
+  static torch::Device device(const runtime::ProcessEnv& env) {
+    ACCEL_CHECK(torch::cuda::is_available(),
+                "accel: backend::Nccl needs a CUDA device, and none is visible. Use backend::Gloo "
+                "on CPU, or check CUDA_VISIBLE_DEVICES and the driver.");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                           env.local_rank % static_cast<int>(torch::cuda::device_count())));
+  }
+  static std::shared_ptr<runtime::Communicator> make_communicator(
+      [[maybe_unused]] const runtime::ProcessEnv& env,
+      [[maybe_unused]] const AcceleratorOptions& opts) {
+#if ACCEL_WITH_NCCL
+    return runtime::make_nccl_communicator(env, device(env), opts.timeout, opts.file_store);
+#else
+    throw Error("accel: backend::Nccl is not available in this build. Use backend::Gloo.");
+#endif
+  }
+};
+
+}  // namespace accel::backend
+
+#endif  // ACCEL_BACKEND_NCCL_HPP
+// end <accel/backend/nccl.hpp>
+// begin <accel/backend/single_device.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::SingleDevice: one process, one device.
+#ifndef ACCEL_BACKEND_SINGLE_DEVICE_HPP
+#define ACCEL_BACKEND_SINGLE_DEVICE_HPP
+
+#include <memory>
+#include <string_view>
+
+
+namespace accel::backend {
+
+/// One process on CUDA device 0 when available, else the CPU. The rank
+/// variables of a launcher are ignored: every process trains on its own.
+struct SingleDevice {
+  static constexpr std::string_view name = "SingleDevice";
+  static constexpr bool multi_process = false;
+  static constexpr bool available = true;
+
+  static torch::Device device(const runtime::ProcessEnv&) {
+    return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  }
+  static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv&,
+                                                                  const AcceleratorOptions&) {
+    return std::make_shared<runtime::LocalCommunicator>();
+  }
+};
+
+}  // namespace accel::backend
+
+#endif  // ACCEL_BACKEND_SINGLE_DEVICE_HPP
+// end <accel/backend/single_device.hpp>
+
+#endif  // ACCEL_BACKEND_HPP
+// end <accel/backend.hpp>
+// begin <accel/precision.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the precision policies.
+#ifndef ACCEL_PRECISION_HPP
+#define ACCEL_PRECISION_HPP
+
+// begin <accel/precision/autocast.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::precision::AutocastGuard: RAII autocast for one device type.
+#ifndef ACCEL_PRECISION_AUTOCAST_HPP
+#define ACCEL_PRECISION_AUTOCAST_HPP
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+namespace accel::precision {
+
+/// Turns autocast on for `device_type` with `dtype` for its lifetime and
+/// restores the previous state after, as `torch.autocast(...)` does in Python.
+/// Disabled guards (Fp32) do nothing.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device_type, at::ScalarType dtype, bool enabled = true)
+      : device_type_(device_type), active_(enabled) {
+    if (!active_) return;
+    if (device_type_ == c10::DeviceType::CUDA) {
+      prev_enabled_ = at::autocast::is_enabled();
+      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      prev_enabled_ = at::autocast::is_cpu_enabled();
+      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    // Leaving the outermost region drops the cache of casted weights, so an
+    // optimizer step on the fp32 weights is seen by the next forward.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (device_type_ == c10::DeviceType::CUDA) {
+      at::autocast::set_enabled(prev_enabled_);
+      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(prev_enabled_);
+      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    }
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+  AutocastGuard(AutocastGuard&& other) noexcept
+      : device_type_(other.device_type_), active_(other.active_),
+        prev_enabled_(other.prev_enabled_), prev_dtype_(other.prev_dtype_) {
+    other.active_ = false;
+  }
+  AutocastGuard& operator=(AutocastGuard&&) = delete;
+
+ private:
+  c10::DeviceType device_type_;
+  bool active_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+}  // namespace accel::precision
+
+#endif  // ACCEL_PRECISION_AUTOCAST_HPP
+// end <accel/precision/autocast.hpp>
+// begin <accel/precision/bf16.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::precision::Bf16: autocast to bfloat16 on CPU and CUDA; no loss scaling (bfloat16 has fp32's range).
+#ifndef ACCEL_PRECISION_BF16_HPP
+#define ACCEL_PRECISION_BF16_HPP
+
+#include <string_view>
+
+// begin <accel/precision/concept.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares what a precision policy is: the trait, the concept and the check.
+#ifndef ACCEL_PRECISION_CONCEPT_HPP
+#define ACCEL_PRECISION_CONCEPT_HPP
+
+#include <concepts>
+#include <string_view>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace accel {
+
+/// A precision policy is a set of compile-time facts:
+///   static constexpr std::string_view name;          // "no" | "fp16" | "bf16" (Accelerate's names)
+///   static constexpr bool autocast;                  // forward runs under autocast
+///   static constexpr at::ScalarType autocast_dtype;  // its lower-precision type
+///   static constexpr bool loss_scaling;              // dynamic loss scaling (Fp16)
+template <class P>
+concept PrecisionPolicy = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::autocast } -> std::convertible_to<bool>;
+  { P::autocast_dtype } -> std::convertible_to<at::ScalarType>;
+  { P::loss_scaling } -> std::convertible_to<bool>;
+};
+
+template <class P>
+struct is_precision_policy : std::bool_constant<PrecisionPolicy<P>> {};
+template <class P>
+inline constexpr bool is_precision_policy_v = is_precision_policy<P>::value;
+
+template <class P>
+struct check_precision_policy {
+  static_assert(is_precision_policy_v<P>,
+                "accel: the Precision parameter of Accelerator is not a precision policy. Use "
+                "accel::precision::Fp32, Fp16 or Bf16.");
+  static constexpr bool value = is_precision_policy_v<P>;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_PRECISION_CONCEPT_HPP
+// end <accel/precision/concept.hpp>
+
+namespace accel::precision {
+
+struct Bf16 {
+  static constexpr std::string_view name = "bf16";
+  static constexpr bool autocast = true;
+  static constexpr at::ScalarType autocast_dtype = at::kBFloat16;
+  static constexpr bool loss_scaling = false;
+};
+
+}  // namespace accel::precision
+
+#endif  // ACCEL_PRECISION_BF16_HPP
+// end <accel/precision/bf16.hpp>
+// begin <accel/precision/fp16.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::precision::Fp16: autocast to float16 with dynamic loss scaling; CUDA only (on CPU a run-time accel::Error suggests Bf16).
+#ifndef ACCEL_PRECISION_FP16_HPP
+#define ACCEL_PRECISION_FP16_HPP
+
+#include <string_view>
+
+
+namespace accel::precision {
+
+struct Fp16 {
+  static constexpr std::string_view name = "fp16";
+  static constexpr bool autocast = true;
+  static constexpr at::ScalarType autocast_dtype = at::kHalf;
+  static constexpr bool loss_scaling = true;
+};
+
+}  // namespace accel::precision
+
+#endif  // ACCEL_PRECISION_FP16_HPP
+// end <accel/precision/fp16.hpp>
+// begin <accel/precision/fp32.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::precision::Fp32: no autocast, no loss scaling.
+#ifndef ACCEL_PRECISION_FP32_HPP
+#define ACCEL_PRECISION_FP32_HPP
+
+#include <string_view>
+
+
+namespace accel::precision {
+
+struct Fp32 {
+  static constexpr std::string_view name = "no";
+  static constexpr bool autocast = false;
+  static constexpr at::ScalarType autocast_dtype = at::kFloat;
+  static constexpr bool loss_scaling = false;
+};
+
+}  // namespace accel::precision
+
+#endif  // ACCEL_PRECISION_FP32_HPP
+// end <accel/precision/fp32.hpp>
+// begin <accel/precision/loss_scaler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::precision::LossScaler: dynamic loss scaling for fp16,
+/// with the inf/NaN decision agreed by every rank.
+#ifndef ACCEL_PRECISION_LOSS_SCALER_HPP
+#define ACCEL_PRECISION_LOSS_SCALER_HPP
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::precision {
+
+/// The loss is multiplied by scale() before backward so small fp16 gradients
+/// do not flush to zero. Before the optimizer step the gradients are divided
+/// by the scale (once per step, whoever asks first: clip_grad_norm_ or the
+/// step) and checked for inf/NaN; the finding is all-reduced (MAX) so every
+/// rank skips the same steps. update() backs the scale off after an overflow
+/// and grows it after growth_interval clean steps, as torch.cuda.amp.GradScaler.
+class LossScaler {
+ public:
+  explicit LossScaler(GradScalerOptions opts = {}) : opts_(opts), scale_(opts.init_scale) {
+    ACCEL_CHECK(opts.init_scale > 0 && opts.growth_factor > 1 && opts.backoff_factor > 0 &&
+                    opts.backoff_factor < 1 && opts.growth_interval > 0,
+                "accel: invalid GradScalerOptions (need init_scale > 0, growth_factor > 1, 0 < "
+                "backoff_factor < 1, growth_interval > 0). Fix the options.");
+  }
+
+  double scale() const { return scale_; }
+  torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
+
+  /// Divides the gradients by the scale (first call of a step only) and returns
+  /// true when any rank found inf/NaN in its gradients.
+  bool unscale(const std::vector<torch::Tensor>& params, runtime::Communicator& comm) {
+    if (unscaled_) return found_inf_;
+    torch::NoGradGuard no_grad;
+    const double inv = 1.0 / scale_;
+    auto found = torch::zeros({1}, torch::kFloat);
+    for (const auto& p : params) {
+      if (!p.grad().defined()) continue;
+      auto g = p.grad();
+      g.mul_(inv);
+      found = found.to(g.device()) + (g.isfinite().all().logical_not()).to(torch::kFloat);
+    }
+    found = found.to(torch::kCPU).contiguous();
+    if (comm.size() > 1) {
+      // The flag travels on the communicator's device (CUDA for NCCL).
+      auto flag = found.to(comm_device_);
+      comm.all_reduce(flag, runtime::ReduceOp::Max)->wait();
+      found = flag.to(torch::kCPU);
+    }
+    found_inf_ = found.item<float>() > 0;
+    unscaled_ = true;
+    return found_inf_;
+  }
+
+  /// After the step attempt: adjust the scale and forget this step's unscale.
+  void update() {
+    if (found_inf_) {
+      scale_ *= opts_.backoff_factor;
+      growth_tracker_ = 0;
+    } else if (++growth_tracker_ >= opts_.growth_interval) {
+      scale_ *= opts_.growth_factor;
+      growth_tracker_ = 0;
+    }
+    unscaled_ = false;
+    found_inf_ = false;
+  }
+
+  bool unscaled() const { return unscaled_; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  void set_comm_device(torch::Device d) { comm_device_ = d; }
+
+  /// For checkpoints: scale and growth tracker.
+  void load(double scale, int64_t growth_tracker) {
+    scale_ = scale;
+    growth_tracker_ = growth_tracker;
+  }
+
+ private:
+  GradScalerOptions opts_;
+  double scale_;
+  int64_t growth_tracker_ = 0;
+  bool unscaled_ = false;
+  bool found_inf_ = false;
+  torch::Device comm_device_{torch::kCPU};
+};
+
+}  // namespace accel::precision
+
+#endif  // ACCEL_PRECISION_LOSS_SCALER_HPP
+// end <accel/precision/loss_scaler.hpp>
+
+#endif  // ACCEL_PRECISION_HPP
+// end <accel/precision.hpp>
+// begin <accel/shard.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the shard policies.
+#ifndef ACCEL_SHARD_HPP
+#define ACCEL_SHARD_HPP
+
+// begin <accel/shard/concept.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares what a shard policy is: the trait, the concept and the check.
+#ifndef ACCEL_SHARD_CONCEPT_HPP
+#define ACCEL_SHARD_CONCEPT_HPP
+
+#include <concepts>
+#include <string_view>
+#include <type_traits>
+
+namespace accel {
+
+/// A shard policy says what each rank keeps:
+///   static constexpr std::string_view name;
+///   static constexpr bool shards_optimizer_state;  // ZeRO-1
+///   static constexpr bool shards_gradients;        // ZeRO-2
+template <class S>
+concept ShardPolicy = requires {
+  { S::name } -> std::convertible_to<std::string_view>;
+  { S::shards_optimizer_state } -> std::convertible_to<bool>;
+  { S::shards_gradients } -> std::convertible_to<bool>;
+};
+
+template <class S>
+struct is_shard_policy : std::bool_constant<ShardPolicy<S>> {};
+template <class S>
+inline constexpr bool is_shard_policy_v = is_shard_policy<S>::value;
+
+template <class S>
+struct check_shard_policy {
+  static_assert(is_shard_policy_v<S>,
+                "accel: the Shard parameter of Accelerator is not a shard policy. Use "
+                "accel::shard::Replicate, ShardOptimizer or ShardGradients.");
+  static constexpr bool value = is_shard_policy_v<S>;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_SHARD_CONCEPT_HPP
+// end <accel/shard/concept.hpp>
+// begin <accel/shard/replicate.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::Replicate: data parallel, every rank holds everything.
+#ifndef ACCEL_SHARD_REPLICATE_HPP
+#define ACCEL_SHARD_REPLICATE_HPP
+
+#include <string_view>
+
+
+namespace accel::shard {
+
+/// Data parallel (DDP): parameters broadcast from rank 0 at prepare(),
+/// gradients averaged in buckets whose all-reduce starts during backward.
+struct Replicate {
+  static constexpr std::string_view name = "Replicate";
+  static constexpr bool shards_optimizer_state = false;
+  static constexpr bool shards_gradients = false;
+};
+
+}  // namespace accel::shard
+
+#endif  // ACCEL_SHARD_REPLICATE_HPP
+// end <accel/shard/replicate.hpp>
+// begin <accel/shard/shard_gradients.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::ShardGradients (ZeRO stage 2).
+#ifndef ACCEL_SHARD_SHARD_GRADIENTS_HPP
+#define ACCEL_SHARD_SHARD_GRADIENTS_HPP
+
+#include <string_view>
+
+
+namespace accel::shard {
+
+/// ZeRO-2: as ShardOptimizer, and each rank keeps only its partition's
+/// gradients (reduce-scatter instead of all-reduce).
+struct ShardGradients {
+  static constexpr std::string_view name = "ShardGradients";
+  static constexpr bool shards_optimizer_state = true;
+  static constexpr bool shards_gradients = true;
+};
+
+}  // namespace accel::shard
+
+#endif  // ACCEL_SHARD_SHARD_GRADIENTS_HPP
+// end <accel/shard/shard_gradients.hpp>
+// begin <accel/shard/shard_optimizer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::ShardOptimizer (ZeRO stage 1).
+#ifndef ACCEL_SHARD_SHARD_OPTIMIZER_HPP
+#define ACCEL_SHARD_SHARD_OPTIMIZER_HPP
+
+#include <string_view>
+
+
+namespace accel::shard {
+
+/// ZeRO-1: optimizer state partitioned across ranks; each rank steps the
+/// parameters it owns, then the updated parameters are all-gathered.
+struct ShardOptimizer {
+  static constexpr std::string_view name = "ShardOptimizer";
+  static constexpr bool shards_optimizer_state = true;
+  static constexpr bool shards_gradients = false;
+};
+
+}  // namespace accel::shard
+
+#endif  // ACCEL_SHARD_SHARD_OPTIMIZER_HPP
+// end <accel/shard/shard_optimizer.hpp>
+
+#endif  // ACCEL_SHARD_HPP
+// end <accel/shard.hpp>
+// begin <accel/compatibility.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the cross-policy rules of Accelerator<B, P, S>, in one place.
+#ifndef ACCEL_COMPATIBILITY_HPP
+#define ACCEL_COMPATIBILITY_HPP
+
+#include <type_traits>
+
+
+namespace accel {
+
+/// One static_assert per rule; `value` is true when the combination is valid.
+template <class B, class P, class S>
+struct check_accelerator_policies {
+  static constexpr bool policies_ok = check_backend_policy<B>::value &&
+                                      check_precision_policy<P>::value &&
+                                      check_shard_policy<S>::value;
+
+  static constexpr bool nccl_ok = !std::is_same_v<B, backend::Nccl> || ACCEL_WITH_NCCL;
+  static_assert(nccl_ok,
+                "accel: backend::Nccl is not available in this build (ACCEL_WITH_NCCL is 0): "
+                "LibTorch was built without CUDA/NCCL. Use backend::Gloo, or link a CUDA build "
+                "of LibTorch.");
+
+  static constexpr bool mpi_ok = !std::is_same_v<B, backend::Mpi> || ACCEL_WITH_MPI;
+  static_assert(mpi_ok,
+                "accel: backend::Mpi is not available in this build (ACCEL_WITH_MPI is 0): no MPI "
+                "was found. Install an MPI (Debian: libopenmpi-dev) and reconfigure, or use "
+                "backend::Gloo.");
+
+  static constexpr bool shard_ok = !(policies_ok && !B::multi_process &&
+                                     (S::shards_optimizer_state || S::shards_gradients));
+  static_assert(shard_ok,
+                "accel: shard::ShardOptimizer and shard::ShardGradients need more than one "
+                "process. Use shard::Replicate with backend::SingleDevice, or choose "
+                "backend::Gloo, Mpi or Nccl.");
+
+  static constexpr bool value = policies_ok && nccl_ok && mpi_ok && shard_ok;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_COMPATIBILITY_HPP
+// end <accel/compatibility.hpp>
+// begin <accel/data.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella header of accel::data: make_data_loader, DataLoader,
+/// sharding, collate, to_device and the active-loader state.
+#ifndef ACCEL_DATA_HPP
+#define ACCEL_DATA_HPP
+
+// begin <accel/data/batch_sampler_shard.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the index side of the data loader: the epoch order (seeded
+/// shuffle), plain batching, and Accelerate's BatchSamplerShard assignment of
+/// batches to ranks, reproduced exactly (including its wrap-around padding).
+#ifndef ACCEL_DATA_BATCH_SAMPLER_SHARD_HPP
+#define ACCEL_DATA_BATCH_SAMPLER_SHARD_HPP
+
+// begin <accel/data/loader_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the plain option structs of accel's data loader: LoaderOptions,
+/// ShardSpec and LoaderCheckpoint.
+#ifndef ACCEL_DATA_LOADER_OPTIONS_HPP
+#define ACCEL_DATA_LOADER_OPTIONS_HPP
+
+#include <chrono>
+#include <cstdint>
+
+namespace accel::data {
+
+/// How make_data_loader() batches a dataset. Designated-initializer friendly:
+/// `LoaderOptions{.batch_size = 64, .shuffle = true, .seed = 42}`.
+struct LoaderOptions {
+  int64_t batch_size = 1;
+  /// Shuffle with a private generator seeded with `seed + epoch`: the same
+  /// seed and epoch give the same order on every rank and in every run, and
+  /// the global LibTorch RNG is neither read nor advanced.
+  bool shuffle = false;
+  /// Drop the last incomplete batch (sharded: the last incomplete round).
+  bool drop_last = false;
+  /// 0: batches are produced on the consuming thread. N > 0: N background
+  /// threads prefetch batches; the batches and their order are the same.
+  int num_workers = 0;
+  uint64_t seed = 0;
+  /// With workers: at most prefetch_factor * num_workers batches are ready
+  /// or being produced ahead of the consumer.
+  int prefetch_factor = 2;
+  /// With workers: the longest the consumer waits for one batch before it
+  /// raises accel::Error (a dataset that hangs must not hang training).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+/// Which share of every global batch this loader yields: Accelerate's
+/// BatchSamplerShard(num_processes = world_size, process_index = rank, ...).
+struct ShardSpec {
+  int rank = 0;
+  int world_size = 1;
+  /// false: whole batches go to the ranks in turn (global batch = batch_size
+  /// * world_size). true: every batch is sliced (global batch = batch_size;
+  /// batch_size must be a multiple of world_size).
+  bool split_batches = false;
+  /// true: the tail wraps around to the start of the epoch so that every
+  /// rank gets the same number of full batches (with duplicates).
+  bool even_batches = true;
+};
+
+/// Where a loader stands: enough to continue an interrupted epoch exactly.
+struct LoaderCheckpoint {
+  int64_t epoch = 0;
+  int64_t batches_yielded = 0;  // per-rank batches of `epoch` already handed out
+};
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_LOADER_OPTIONS_HPP
+// end <accel/data/loader_options.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace accel::data {
+
+/// Dataset indices of one batch.
+using IndexBatch = std::vector<size_t>;
+
+/// The order in which an epoch visits the dataset: 0..n-1, or, shuffled,
+/// torch.randperm(n, generator) with a fresh CPU generator seeded with
+/// `seed + epoch` (exactly what Accelerate's SeedableRandomSampler draws, so
+/// the same seed gives the same order as PyTorch in Python).
+inline std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<size_t> order(n);
+  if (!shuffle || n == 0) {
+    std::iota(order.begin(), order.end(), size_t{0});
+    return order;
+  }
+  auto gen = at::detail::createCPUGenerator(seed + static_cast<uint64_t>(epoch));
+  const torch::Tensor perm =
+      torch::randperm(static_cast<int64_t>(n), gen, torch::TensorOptions().dtype(torch::kLong));
+  const int64_t* p = perm.data_ptr<int64_t>();
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
+  return order;
+}
+
+/// PyTorch's BatchSampler: consecutive slices of `order`; the short tail is
+/// kept unless drop_last.
+inline std::vector<IndexBatch> make_batches(const std::vector<size_t>& order, int64_t batch_size,
+                                            bool drop_last) {
+  ACCEL_CHECK(batch_size > 0, "accel: batch_size must be positive (got ", batch_size,
+              "). Pass LoaderOptions{.batch_size = N} with N >= 1.");
+  const size_t bs = static_cast<size_t>(batch_size);
+  std::vector<IndexBatch> batches;
+  batches.reserve(order.size() / bs + 1);
+  for (size_t start = 0; start < order.size(); start += bs) {
+    const size_t stop = std::min(order.size(), start + bs);
+    if (drop_last && stop - start < bs) break;
+    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(start),
+                         order.begin() + static_cast<std::ptrdiff_t>(stop));
+  }
+  return batches;
+}
+
+/// Throws accel::Error when `spec` cannot shard batches of `batch_size`.
+inline void check_shard_spec(const ShardSpec& spec, int64_t batch_size) {
+  ACCEL_CHECK(spec.world_size >= 1, "accel: ShardSpec::world_size must be at least 1 (got ",
+              spec.world_size, "). Pass the number of processes.");
+  ACCEL_CHECK(spec.rank >= 0 && spec.rank < spec.world_size, "accel: ShardSpec::rank ", spec.rank,
+              " is outside [0, ", spec.world_size, "). Pass this process's index.");
+  ACCEL_CHECK(!spec.split_batches || batch_size % spec.world_size == 0,
+              "accel: with split_batches the batch size (", batch_size,
+              ") must be a multiple of the number of processes (", spec.world_size,
+              "). Use a batch size that divides evenly, or split_batches = false.");
+}
+
+namespace detail {
+
+inline IndexBatch slice(const IndexBatch& b, size_t from, size_t to) {
+  to = std::min(to, b.size());
+  if (from >= to) return {};
+  return IndexBatch(b.begin() + static_cast<std::ptrdiff_t>(from),
+                    b.begin() + static_cast<std::ptrdiff_t>(to));
+}
+
+// BatchSamplerShard._iter_with_split: every full batch is sliced; the short
+// tail is completed from the first batch (even) or sliced as it is.
+inline std::vector<IndexBatch> shard_split(const std::vector<IndexBatch>& batches, size_t bs,
+                                           bool drop_last, size_t P, size_t r, bool even) {
+  std::vector<IndexBatch> out;
+  const size_t bl = bs / P;
+  for (const auto& b : batches)
+    if (b.size() == bs) out.push_back(slice(b, bl * r, bl * (r + 1)));
+  const IndexBatch& last = batches.back();
+  if (drop_last || last.size() >= bs) return out;
+  if (!even) {
+    if (last.size() > bl * r) out.push_back(slice(last, bl * r, bl * (r + 1)));
+    return out;
+  }
+  IndexBatch initial = batches.front();
+  while (initial.size() < bs) initial.insert(initial.end(), initial.begin(), initial.end());
+  IndexBatch padded = last;
+  padded.insert(padded.end(), initial.begin(), initial.end());
+  out.push_back(slice(padded, bl * r, bl * (r + 1)));
+  return out;
+}
+
+// BatchSamplerShard._iter_with_no_split: batch i goes to rank i % P; a round
+// is yielded only once all P batches of it are full; the last round is then
+// completed with indices from the first P batches (even) or left uneven.
+inline std::vector<IndexBatch> shard_round_robin(const std::vector<IndexBatch>& batches, size_t bs,
+                                                 bool drop_last, size_t P, size_t r, bool even) {
+  std::vector<IndexBatch> out;
+  IndexBatch initial, to_yield;
+  for (size_t idx = 0; idx < batches.size(); ++idx) {
+    const IndexBatch& batch = batches[idx];
+    if (!drop_last && idx < P) initial.insert(initial.end(), batch.begin(), batch.end());
+    if (idx % P == r) to_yield = batch;
+    if (idx % P == P - 1 && batch.size() == bs) {
+      out.push_back(std::move(to_yield));
+      to_yield.clear();
+    }
+  }
+  if (drop_last || initial.empty()) return out;
+  if (!even) {
+    if (!to_yield.empty()) out.push_back(std::move(to_yield));
+    return out;
+  }
+  if (to_yield.size() == bs) out.push_back(std::move(to_yield));
+  while (initial.size() < P * bs) initial.insert(initial.end(), initial.begin(), initial.end());
+  IndexBatch batch = batches.back();
+  size_t idx = batches.size() - 1;
+  if (batch.size() == bs) {
+    batch.clear();
+    ++idx;
+  }
+  size_t cycle = 0;
+  while (idx % P != 0 || !batch.empty()) {
+    const size_t end = cycle + bs - batch.size();
+    const IndexBatch fill = slice(initial, cycle, end);
+    batch.insert(batch.end(), fill.begin(), fill.end());
+    if (idx % P == r) out.push_back(batch);
+    cycle = end;
+    batch.clear();
+    ++idx;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// The batches rank `spec.rank` yields, given all batches of the epoch
+/// (made by make_batches with the same batch_size and drop_last). Equals
+/// Accelerate's BatchSamplerShard; with world_size 1 the batches are returned
+/// unchanged (Accelerate does not shard a single process either).
+inline std::vector<IndexBatch> shard_batches(const std::vector<IndexBatch>& batches,
+                                             int64_t batch_size, bool drop_last,
+                                             const ShardSpec& spec) {
+  check_shard_spec(spec, batch_size);
+  if (spec.world_size == 1 || batches.empty()) return batches;
+  const auto bs = static_cast<size_t>(batch_size);
+  const auto P = static_cast<size_t>(spec.world_size);
+  const auto r = static_cast<size_t>(spec.rank);
+  return spec.split_batches ? detail::shard_split(batches, bs, drop_last, P, r, spec.even_batches)
+                            : detail::shard_round_robin(batches, bs, drop_last, P, r,
+                                                        spec.even_batches);
+}
+
+/// How many batches shard_batches() yields on this rank, without building
+/// them. Unlike Accelerate's len() it is exact in every mode (Accelerate
+/// over-reports with split_batches and even_batches = false).
+inline int64_t sharded_num_batches(int64_t dataset_size, int64_t batch_size, bool drop_last,
+                                   const ShardSpec& spec) {
+  check_shard_spec(spec, batch_size);
+  const int64_t full = dataset_size / batch_size;
+  const int64_t tail = drop_last ? 0 : dataset_size % batch_size;
+  const int64_t B = full + (tail > 0 ? 1 : 0);  // batches of the unsharded epoch
+  const int64_t P = spec.world_size, r = spec.rank;
+  if (P == 1) return B;
+  if (spec.split_batches) {
+    if (spec.even_batches) return B;
+    return full + (tail > (batch_size / P) * r ? 1 : 0);
+  }
+  if (drop_last) return full / P;
+  if (spec.even_batches) return (B + P - 1) / P;
+  return B / P + (r < B % P ? 1 : 0);
+}
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_BATCH_SAMPLER_SHARD_HPP
+// end <accel/data/batch_sampler_shard.hpp>
+// begin <accel/data/collate.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines DefaultCollate: turns the samples of one batch into one
+/// batch by stacking tensors along a new dimension 0 (PyTorch's default_collate
+/// for the types a LibTorch dataset returns).
+#ifndef ACCEL_DATA_COLLATE_HPP
+#define ACCEL_DATA_COLLATE_HPP
+
+#include <torch/data/example.h>
+#include <torch/types.h>
+
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+namespace detail {
+
+template <class T>
+struct is_std_vector : std::false_type {};
+template <class T, class A>
+struct is_std_vector<std::vector<T, A>> : std::true_type {};
+
+template <class>
+inline constexpr bool always_false_v = false;
+
+// Collated<T>::apply(samples) stacks one field of every sample.
+template <class T, class = void>
+struct Collated {
+  static_assert(always_false_v<T>,
+                "accel: the default collate cannot stack this sample type (it stacks torch::Tensor, "
+                "arithmetic values, torch::data::Example, std::pair and std::tuple of those). Pass "
+                "your own collate to make_data_loader(dataset, options, collate).");
+};
+
+template <>
+struct Collated<torch::Tensor> {
+  using type = torch::Tensor;
+  static type apply(const std::vector<torch::Tensor>& samples) { return torch::stack(samples); }
+};
+
+template <class T>
+struct Collated<T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>>> {
+  using type = torch::Tensor;  // the dtype of T (double -> float64, as default_collate)
+  static type apply(const std::vector<T>& samples) {
+    return torch::tensor(at::ArrayRef<T>(samples.data(), samples.size()),
+                         torch::dtype(c10::CppTypeToScalarType<T>::value));
+  }
+};
+
+template <class T, class Get>
+auto field(const std::vector<T>& samples, Get get) {
+  using F = std::decay_t<decltype(get(samples.front()))>;
+  std::vector<F> out;
+  out.reserve(samples.size());
+  for (const auto& s : samples) out.push_back(get(s));
+  return out;
+}
+
+template <class D, class T>
+struct Collated<torch::data::Example<D, T>> {
+  using type = torch::data::Example<typename Collated<D>::type, typename Collated<T>::type>;
+  static type apply(const std::vector<torch::data::Example<D, T>>& samples) {
+    return type(Collated<D>::apply(field(samples, [](const auto& e) { return e.data; })),
+                Collated<T>::apply(field(samples, [](const auto& e) { return e.target; })));
+  }
+};
+
+template <class D>
+struct Collated<torch::data::Example<D, torch::data::example::NoTarget>> {
+  using type = torch::data::Example<typename Collated<D>::type, torch::data::example::NoTarget>;
+  static type apply(const std::vector<torch::data::Example<D, torch::data::example::NoTarget>>& s) {
+    return type(Collated<D>::apply(field(s, [](const auto& e) { return e.data; })));
+  }
+};
+
+template <class A, class B>
+struct Collated<std::pair<A, B>> {
+  using type = std::pair<typename Collated<A>::type, typename Collated<B>::type>;
+  static type apply(const std::vector<std::pair<A, B>>& s) {
+    return type(Collated<A>::apply(field(s, [](const auto& p) { return p.first; })),
+                Collated<B>::apply(field(s, [](const auto& p) { return p.second; })));
+  }
+};
+
+template <class... Ts>
+struct Collated<std::tuple<Ts...>> {
+  using type = std::tuple<typename Collated<Ts>::type...>;
+  static type apply(const std::vector<std::tuple<Ts...>>& s) {
+    return apply_impl(s, std::index_sequence_for<Ts...>{});
+  }
+  template <std::size_t... I>
+  static type apply_impl(const std::vector<std::tuple<Ts...>>& s, std::index_sequence<I...>) {
+    return type(Collated<Ts>::apply(field(s, [](const auto& t) { return std::get<I>(t); }))...);
+  }
+};
+
+}  // namespace detail
+
+/// The collate make_data_loader uses unless given another. Samples:
+/// torch::Tensor -> stacked tensor; torch::data::Example<D, T> -> Example of
+/// the collated fields (so Example<> -> Example<> with data [B, ...] and
+/// target [B, ...]; TensorExample keeps having no target); arithmetic values
+/// -> a 1-d tensor; std::pair / std::tuple -> collated element-wise. A value
+/// that is not a std::vector (a dataset whose get_batch() already returns a
+/// batch, e.g. `dataset.map(Stack<>())`) passes through unchanged.
+struct DefaultCollate {
+  template <class T>
+  typename detail::Collated<T>::type operator()(const std::vector<T>& samples) const {
+    return detail::Collated<T>::apply(samples);
+  }
+  template <class Batch, std::enable_if_t<!detail::is_std_vector<std::decay_t<Batch>>::value, int> = 0>
+  std::decay_t<Batch> operator()(Batch&& batch) const {
+    return std::forward<Batch>(batch);
+  }
+};
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_COLLATE_HPP
+// end <accel/data/collate.hpp>
+// begin <accel/data/data_loader.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines DataLoader<Dataset, Collate>: a range over the batches of a
+/// map-style dataset, with seeded shuffling, Accelerate's sharding across
+/// ranks, device placement, prefetching threads, end-of-data bookkeeping and
+/// exact resume.
+#ifndef ACCEL_DATA_DATA_LOADER_HPP
+#define ACCEL_DATA_DATA_LOADER_HPP
+
+// begin <accel/data/detail/dataset_access.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines how the data loader reads a map-style dataset: its size and
+/// the samples (or ready batch) of a list of indices.
+#ifndef ACCEL_DATA_DETAIL_DATASET_ACCESS_HPP
+#define ACCEL_DATA_DETAIL_DATASET_ACCESS_HPP
+
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::data::detail {
+
+template <class D>
+concept HasGet = requires(D& d, size_t i) { d.get(i); };
+template <class D>
+concept HasGetBatch = requires(D& d, const std::vector<size_t>& idx) { d.get_batch(idx); };
+template <class D>
+concept HasSize = requires(const D& d) { d.size(); };
+
+// torch datasets return optional<size_t> (c10::optional in LibTorch 1.x,
+// std::optional in 2.x); plain integers are accepted as well.
+template <class D>
+size_t dataset_size(const D& dataset) {
+  auto size = dataset.size();
+  if constexpr (std::is_integral_v<decltype(size)>) {
+    return static_cast<size_t>(size);
+  } else {
+    ACCEL_CHECK(size.has_value(),
+                "accel: the dataset's size() returned no value, but a data loader must know how "
+                "many samples there are. Give the dataset a size(), or batch it yourself.");
+    return static_cast<size_t>(*size);
+  }
+}
+
+// Per-sample get() is preferred (it is what a torch::data::Dataset subclass
+// defines); a dataset with only get_batch() (dataset.map(...)) is asked for
+// the whole batch at once.
+template <class D>
+auto fetch(D& dataset, const std::vector<size_t>& indices) {
+  if constexpr (HasGet<D>) {
+    std::vector<std::decay_t<decltype(dataset.get(size_t{}))>> samples;
+    samples.reserve(indices.size());
+    for (size_t i : indices) samples.push_back(dataset.get(i));
+    return samples;
+  } else {
+    return dataset.get_batch(indices);
+  }
+}
+
+template <class D>
+using raw_batch_t = decltype(fetch(std::declval<D&>(), std::declval<const std::vector<size_t>&>()));
+
+}  // namespace accel::data::detail
+
+namespace accel::data {
+
+/// What make_data_loader accepts: a map-style dataset (get(size_t) or
+/// get_batch(indices), and size()), e.g. any torch::data::Dataset subclass,
+/// torch::data::datasets::MNIST, TensorDataset, or dataset.map(transform).
+template <class D>
+concept MapStyleDataset = (detail::HasGet<D> || detail::HasGetBatch<D>) && detail::HasSize<D>;
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_DETAIL_DATASET_ACCESS_HPP
+// end <accel/data/detail/dataset_access.hpp>
+// begin <accel/data/detail/prefetcher.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines detail::Prefetcher: worker threads that produce the batches
+/// of one epoch ahead of the consumer, handed out strictly in order.
+#ifndef ACCEL_DATA_DETAIL_PREFETCHER_HPP
+#define ACCEL_DATA_DETAIL_PREFETCHER_HPP
+
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace accel::data::detail {
+
+// Workers claim batch numbers in increasing order, at most `capacity` ahead of
+// the consumer, and file each result (or the exception that producing it
+// threw) under its number: so the consumer sees exactly the sequential
+// batches, an exception surfaces at the batch that raised it, and memory is
+// bounded. stop() (also run by the destructor) makes idle workers exit and
+// joins them; a worker inside produce() finishes that one batch first.
+template <class Batch>
+class Prefetcher {
+ public:
+  using Produce = std::function<Batch(int64_t)>;
+
+  Prefetcher(int64_t first, int64_t end, int workers, int64_t capacity, Produce produce,
+             std::chrono::milliseconds timeout)
+      : produce_(std::move(produce)),
+        next_claim_(first),
+        next_consume_(first),
+        end_(end),
+        capacity_(capacity < 1 ? 1 : capacity),
+        timeout_(timeout) {
+    alive_ = workers;
+    threads_.reserve(static_cast<size_t>(workers));
+    try {
+      for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+    } catch (...) {
+      alive_ = static_cast<int>(threads_.size());
+      stop();
+      throw;
+    }
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  ~Prefetcher() { stop(); }
+
+  // Batch number j; must be called for first, first+1, ... in order.
+  Batch get(int64_t j) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      if (auto it = ready_.find(j); it != ready_.end()) {
+        Slot slot = std::move(it->second);
+        ready_.erase(it);
+        next_consume_ = j + 1;
+        lock.unlock();
+        space_.notify_all();
+        if (auto* error = std::get_if<std::exception_ptr>(&slot)) std::rethrow_exception(*error);
+        return std::move(std::get<Batch>(slot));
+      }
+      ACCEL_CHECK(alive_ > 0, "accel: the data loader's worker threads stopped before batch ", j,
+                  " was produced. Report this as a bug; use num_workers = 0 meanwhile.");
+      if (ready_cv_.wait_until(lock, deadline) == std::cv_status::timeout && !ready_.count(j))
+        throw Error(::accel::detail::concat("accel: a data loader worker took more than ", timeout_.count(),
+                           " ms to produce batch ", j,
+                           ". Check the dataset's get() for a hang, or raise "
+                           "LoaderOptions::timeout."));
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    space_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+
+ private:
+  using Slot = std::variant<Batch, std::exception_ptr>;
+
+  void work() {
+    for (;;) {
+      int64_t j = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        space_.wait(lock, [&] {
+          return stopping_ || next_claim_ >= end_ || next_claim_ < next_consume_ + capacity_;
+        });
+        if (stopping_ || next_claim_ >= end_) break;
+        j = next_claim_++;
+      }
+      Slot slot = [&]() -> Slot {
+        try {
+          return Slot(std::in_place_index<0>, produce_(j));
+        } catch (...) {
+          return Slot(std::in_place_index<1>, std::current_exception());
+        }
+      }();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_.emplace(j, std::move(slot));
+      }
+      ready_cv_.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --alive_;
+    }
+    ready_cv_.notify_all();
+  }
+
+  Produce produce_;
+  std::mutex mutex_;
+  std::condition_variable space_;     // workers wait for room in the window
+  std::condition_variable ready_cv_;  // the consumer waits for its batch
+  std::map<int64_t, Slot> ready_;
+  int64_t next_claim_, next_consume_, end_, capacity_;
+  std::chrono::milliseconds timeout_;
+  int alive_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace accel::data::detail
+
+#endif  // ACCEL_DATA_DETAIL_PREFETCHER_HPP
+// end <accel/data/detail/prefetcher.hpp>
+// begin <accel/data/loader_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines LoaderState and active_loader_state(): which data loader is
+/// being iterated and whether its current batch is the last one (Accelerate's
+/// GradientState.end_of_dataloader / remainder, used by gather_for_metrics and
+/// gradient accumulation).
+#ifndef ACCEL_DATA_LOADER_STATE_HPP
+#define ACCEL_DATA_LOADER_STATE_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace accel::data {
+
+/// The state of one iteration (epoch) of a data loader.
+struct LoaderState {
+  /// True while the last batch of the epoch (on this rank) is being
+  /// processed: it is set before that batch is handed out.
+  bool end_of_dataloader = false;
+  /// dataset_size % total_batch_size (total = batch_size with split_batches,
+  /// else batch_size * world_size); 0 with drop_last. On the last batch,
+  /// gather_for_metrics keeps only the first `remainder` gathered samples
+  /// when it is > 0: the rest are the wrap-around duplicates of even_batches.
+  int64_t remainder = 0;
+  /// Index (0-based, per rank, counting skipped batches) of the batch being
+  /// processed; -1 before the first.
+  int64_t batch_index = -1;
+  /// Batches of this epoch on this rank.
+  int64_t num_batches = 0;
+};
+
+namespace detail {
+
+// Process-global stack of the loaders being iterated, innermost last. An
+// entry is removed by identity so that out-of-order ends cannot corrupt it.
+class ActiveLoaders {
+ public:
+  static ActiveLoaders& instance() {
+    static ActiveLoaders stack;
+    return stack;
+  }
+  void push(const LoaderState* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    states_.push_back(s);
+  }
+  void remove(const LoaderState* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find(states_.rbegin(), states_.rend(), s);
+    if (it != states_.rend()) states_.erase(std::next(it).base());
+  }
+  const LoaderState* top() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return states_.empty() ? nullptr : states_.back();
+  }
+  std::size_t depth() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return states_.size();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<const LoaderState*> states_;
+};
+
+}  // namespace detail
+
+/// The state of the innermost data loader being iterated, or nullptr when no
+/// loader is. An evaluation loader iterated inside the training loop is the
+/// active one until its loop ends (or is left by break/exception); then the
+/// training loader is active again. The pointer is valid until that loop ends.
+inline const LoaderState* active_loader_state() { return detail::ActiveLoaders::instance().top(); }
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_LOADER_STATE_HPP
+// end <accel/data/loader_state.hpp>
+// begin <accel/data/to_device.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines to_device(batch, device): moves every tensor of a batch to a
+/// device (Accelerate's send_to_device), with DeviceMover<T> as the
+/// customization point for user types.
+#ifndef ACCEL_DATA_TO_DEVICE_HPP
+#define ACCEL_DATA_TO_DEVICE_HPP
+
+#include <torch/data/example.h>
+#include <torch/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+
+/// Specialize for a batch type that to_device() does not know:
+///   template <> struct accel::data::DeviceMover<MyBatch> {
+///     static MyBatch apply(MyBatch b, const torch::Device& d, bool non_blocking);
+///   };
+/// Types with a member `.to(torch::Device)` need no specialization.
+template <class T>
+struct DeviceMover {};
+
+template <class T>
+T to_device(T batch, const torch::Device& device, bool non_blocking = false);
+
+namespace detail {
+
+template <class T>
+concept HasDeviceMover = requires(T t, const torch::Device& d) {
+  { DeviceMover<T>::apply(std::move(t), d, false) } -> std::convertible_to<T>;
+};
+template <class T>
+concept HasToReturning = requires(T t, const torch::Device& d) {
+  { t.to(d) } -> std::convertible_to<T>;
+};
+template <class T>
+concept HasToInPlace = requires(T t, const torch::Device& d) {
+  { t.to(d) } -> std::same_as<void>;
+};
+
+template <class T>
+struct is_example : std::false_type {};
+template <class D, class Tg>
+struct is_example<torch::data::Example<D, Tg>> : std::true_type {};
+template <class T>
+struct is_pair : std::false_type {};
+template <class A, class B>
+struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... Ts>
+struct is_tuple<std::tuple<Ts...>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_string_map : std::false_type {};
+template <class V, class C, class A>
+struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
+
+template <class>
+inline constexpr bool unmovable_v = false;
+
+}  // namespace detail
+
+/// Returns `batch` with every tensor in it on `device`. Knows torch::Tensor,
+/// torch::data::Example, std::pair, std::tuple, std::vector, std::optional,
+/// std::map<std::string, T>, arithmetic values and strings (unchanged), types
+/// with a `.to(device)` member (returning the moved value, or moving in
+/// place), and any T with a DeviceMover<T> specialization (checked first).
+template <class T>
+T to_device(T batch, const torch::Device& device, bool non_blocking) {
+  if constexpr (detail::HasDeviceMover<T>) {
+    return DeviceMover<T>::apply(std::move(batch), device, non_blocking);
+  } else if constexpr (std::is_same_v<T, torch::Tensor>) {
+    if (!batch.defined() || batch.device() == device) return batch;
+    return batch.to(torch::TensorOptions().device(device), non_blocking);
+  } else if constexpr (detail::is_example<T>::value) {
+    batch.data = to_device(std::move(batch.data), device, non_blocking);
+    if constexpr (!std::is_void_v<typename T::TargetType>)
+      batch.target = to_device(std::move(batch.target), device, non_blocking);
+    return batch;
+  } else if constexpr (detail::is_pair<T>::value) {
+    batch.first = to_device(std::move(batch.first), device, non_blocking);
+    batch.second = to_device(std::move(batch.second), device, non_blocking);
+    return batch;
+  } else if constexpr (detail::is_tuple<T>::value) {
+    std::apply([&](auto&... e) { ((e = to_device(std::move(e), device, non_blocking)), ...); },
+               batch);
+    return batch;
+  } else if constexpr (detail::is_vector<T>::value || detail::is_string_map<T>::value) {
+    for (auto& e : batch) {
+      if constexpr (detail::is_vector<T>::value)
+        e = to_device(std::move(e), device, non_blocking);
+      else
+        e.second = to_device(std::move(e.second), device, non_blocking);
+    }
+    return batch;
+  } else if constexpr (detail::is_optional<T>::value) {
+    if (batch) *batch = to_device(std::move(*batch), device, non_blocking);
+    return batch;
+  } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T> ||
+                       std::is_same_v<T, std::string>) {
+    return batch;
+  } else if constexpr (detail::HasToReturning<T>) {
+    return batch.to(device);
+  } else if constexpr (detail::HasToInPlace<T>) {
+    batch.to(device);
+    return batch;
+  } else {
+    static_assert(detail::unmovable_v<T>,
+                  "accel: to_device() does not know how to move this batch type to a device. Give "
+                  "it a member `.to(torch::Device)` or specialize accel::data::DeviceMover<T>.");
+    return batch;
+  }
+}
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_TO_DEVICE_HPP
+// end <accel/data/to_device.hpp>
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+
+/// Batches of a map-style dataset; made by make_data_loader().
+///
+/// Epochs: iterating the loader runs one epoch. The order of epoch e is fixed
+/// by (seed, e) alone (see LoaderOptions::shuffle). As Accelerate's
+/// SeedableRandomSampler, a loop that runs to the end advances epoch() by one,
+/// so a second loop without set_epoch() sees a new order; a loop left early
+/// (break, exception) does not, and the next loop starts that epoch again.
+///
+/// Copies share the dataset and the collate (both are used from the worker
+/// threads concurrently when num_workers > 0: their get()/call must be safe to
+/// run concurrently). Plain copies also share the position (epoch, batches
+/// yielded, batches to skip): prepare() hands the user a copy, and the
+/// Accelerator's save_state() must see where the user's loop stands.
+/// sharded(), skip_first_batches() and detached() return loaders with a
+/// position of their own. Each copy has its own device. The loader must
+/// outlive its loops.
+template <class Dataset, class Collate = DefaultCollate>
+class DataLoader {
+ public:
+  using dataset_type = Dataset;
+  using collate_type = Collate;
+  using sample_batch_type = detail::raw_batch_t<Dataset>;
+  using batch_type = std::decay_t<std::invoke_result_t<Collate&, sample_batch_type&&>>;
+
+  DataLoader(std::shared_ptr<Dataset> dataset, LoaderOptions options, Collate collate = Collate{})
+      : dataset_(std::move(dataset)),
+        collate_(std::make_shared<Collate>(std::move(collate))),
+        options_(options) {
+    ACCEL_CHECK(dataset_ != nullptr, "accel: make_data_loader got a null dataset pointer. ",
+                "Pass a dataset object or a non-null std::shared_ptr to one.");
+    ACCEL_CHECK(options_.batch_size >= 1, "accel: LoaderOptions::batch_size must be at least 1 (got ",
+                options_.batch_size, "). Set .batch_size to the number of samples per batch.");
+    ACCEL_CHECK(options_.num_workers >= 0, "accel: LoaderOptions::num_workers must not be negative",
+                " (got ", options_.num_workers, "). Use 0 to load on the calling thread.");
+    ACCEL_CHECK(options_.num_workers == 0 || options_.prefetch_factor >= 1,
+                "accel: LoaderOptions::prefetch_factor must be at least 1 with workers (got ",
+                options_.prefetch_factor, "). Use the default 2.");
+    dataset_size_ = static_cast<int64_t>(detail::dataset_size(*dataset_));
+  }
+
+  class iterator;
+
+  /// Starts an epoch: registers this loop as the active loader (see
+  /// active_loader_state()) until it ends, and yields the first batch.
+  iterator begin();
+  iterator end() { return iterator(); }
+
+  /// The epoch the next loop runs (seeds its shuffle). Call before each loop,
+  /// as in Accelerate, or rely on the automatic advance after a full loop.
+  /// Also calls dataset().set_epoch(epoch) when the dataset has one (as
+  /// Accelerate's DataLoaderShard.set_epoch does).
+  void set_epoch(int64_t epoch) {
+    progress_->epoch = epoch;
+    if constexpr (requires(Dataset& d) { d.set_epoch(epoch); }) dataset_->set_epoch(epoch);
+  }
+  int64_t epoch() const { return progress_->epoch; }
+
+  /// Batches this rank yields per epoch (exact, also for uneven shards).
+  int64_t size() const {
+    return sharded_num_batches(dataset_size_, options_.batch_size, options_.drop_last, shard_);
+  }
+  /// Samples in a full batch of this rank (batch_size / world with split_batches).
+  int64_t batch_size() const {
+    return shard_.split_batches ? options_.batch_size / shard_.world_size : options_.batch_size;
+  }
+  /// Samples in one global batch, over all ranks.
+  int64_t total_batch_size() const {
+    return shard_.split_batches ? options_.batch_size : options_.batch_size * shard_.world_size;
+  }
+  int64_t dataset_size() const { return dataset_size_; }
+  /// dataset_size % total_batch_size, 0 with drop_last (Accelerate's remainder).
+  int64_t remainder() const { return options_.drop_last ? 0 : dataset_size_ % total_batch_size(); }
+
+  const LoaderOptions& options() const { return options_; }
+  const ShardSpec& shard_spec() const { return shard_; }
+  Dataset& dataset() const { return *dataset_; }
+  const std::shared_ptr<Dataset>& dataset_ptr() const { return dataset_; }
+  Collate& collate() const { return *collate_; }
+
+  /// A copy of this loader that yields rank spec.rank's share of every global
+  /// batch, exactly as Accelerate's BatchSamplerShard. Throws accel::Error for
+  /// a bad rank/world or split_batches with batch_size % world_size != 0.
+  DataLoader sharded(const ShardSpec& spec) const {
+    check_shard_spec(spec, options_.batch_size);
+    DataLoader copy = detached();
+    copy.shard_ = spec;
+    return copy;
+  }
+
+  /// Batches are moved there (to_device) before they are handed out.
+  void set_device(torch::Device device, bool non_blocking = false) {
+    device_ = device;
+    non_blocking_ = non_blocking;
+  }
+  std::optional<torch::Device> device() const { return device_; }
+
+  /// Batches of the current epoch handed out on this rank so far (skipped
+  /// ones included); 0 after a loop ran to its end.
+  int64_t batches_yielded() const { return progress_->yielded; }
+
+  /// A copy with a position of its own (same epoch and position now; loops of
+  /// one no longer move the other).
+  DataLoader detached() const {
+    DataLoader copy(*this);
+    copy.progress_ = std::make_shared<Progress>(*progress_);
+    return copy;
+  }
+
+  /// A copy whose next loop leaves out the first n batches (per rank) of its
+  /// epoch, without loading them; later loops are whole epochs again.
+  DataLoader skip_first_batches(int64_t n) const {
+    ACCEL_CHECK(n >= 0, "accel: skip_first_batches needs a non-negative count (got ", n,
+                "). Pass the number of batches already processed in this epoch.");
+    DataLoader copy = detached();
+    copy.progress_->pending_skip = n;
+    copy.progress_->yielded = n;
+    return copy;
+  }
+
+  /// Where the loader stands; restore() of it makes the next loop continue
+  /// with the next batch of the same epoch, in the same order.
+  LoaderCheckpoint checkpoint() const {
+    return LoaderCheckpoint{progress_->epoch, progress_->yielded};
+  }
+  void restore(const LoaderCheckpoint& c) {
+    ACCEL_CHECK(c.batches_yielded >= 0, "accel: a LoaderCheckpoint with batches_yielded = ",
+                c.batches_yielded, " cannot be restored. Pass one made by checkpoint().");
+    progress_->epoch = c.epoch;
+    progress_->pending_skip = c.batches_yielded;
+    progress_->yielded = c.batches_yielded;
+  }
+
+  /// The dataset indices of the batches this rank yields in `epoch`.
+  std::vector<IndexBatch> epoch_batches(int64_t epoch) const {
+    const auto order = epoch_order(static_cast<size_t>(dataset_size_), options_.shuffle,
+                                   options_.seed, epoch);
+    return shard_batches(make_batches(order, options_.batch_size, options_.drop_last),
+                         options_.batch_size, options_.drop_last, shard_);
+  }
+
+ private:
+  class Run;
+
+  std::shared_ptr<Dataset> dataset_;
+  std::shared_ptr<Collate> collate_;
+  LoaderOptions options_;
+  ShardSpec shard_{};
+  int64_t dataset_size_ = 0;
+  // Where the loop stands; shared by plain copies (see the class comment).
+  struct Progress {
+    int64_t epoch = 0;
+    int64_t yielded = 0;
+    int64_t pending_skip = 0;
+  };
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
+  std::optional<torch::Device> device_;
+  bool non_blocking_ = false;
+};
+
+/// One loop over the loader: the epoch's index batches, the prefetch
+/// workers, and the LoaderState registered as active. Ends (unregisters,
+/// joins workers) when exhausted or when the last iterator is destroyed.
+template <class Dataset, class Collate>
+class DataLoader<Dataset, Collate>::Run {
+ public:
+  explicit Run(DataLoader& loader)
+      : loader_(&loader), progress_(loader.progress_), dataset_(loader.dataset_),
+        collate_(loader.collate_),
+        device_(loader.device_), non_blocking_(loader.non_blocking_) {}
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  ~Run() { finish(false); }
+
+  void start() {
+    batches_ = loader_->epoch_batches(progress_->epoch);
+    const auto count = static_cast<int64_t>(batches_.size());
+    next_ = std::min(progress_->pending_skip, count);
+    progress_->pending_skip = 0;
+    progress_->yielded = next_;
+    state_.remainder = loader_->remainder();
+    state_.num_batches = count;
+    const LoaderOptions& o = loader_->options_;
+    if (o.num_workers > 0 && next_ < count) {
+      prefetcher_ = std::make_unique<detail::Prefetcher<batch_type>>(
+          next_, count, o.num_workers, static_cast<int64_t>(o.prefetch_factor) * o.num_workers,
+          [this](int64_t j) { return produce(j); }, o.timeout);
+    }
+    detail::ActiveLoaders::instance().push(&state_);
+    registered_ = true;
+  }
+
+  // Moves to the next batch; false (and the loop is over) when there is none.
+  bool advance() {
+    const auto count = static_cast<int64_t>(batches_.size());
+    if (next_ >= count) {
+      finish(true);
+      return false;
+    }
+    current_.reset();
+    batch_type batch = prefetcher_ ? prefetcher_->get(next_) : produce(next_);
+    if (device_) batch = to_device(std::move(batch), *device_, non_blocking_);
+    current_.emplace(std::move(batch));
+    state_.batch_index = next_;
+    state_.end_of_dataloader = next_ == count - 1;
+    progress_->yielded = ++next_;
+    return true;
+  }
+
+  batch_type& current() { return *current_; }
+  bool finished() const { return finished_; }
+
+ private:
+  batch_type produce(int64_t j) const {
+    return std::invoke(*collate_, detail::fetch(*dataset_, batches_[static_cast<size_t>(j)]));
+  }
+
+  void finish(bool completed) {
+    if (finished_) return;
+    finished_ = true;
+    prefetcher_.reset();  // joins the workers
+    if (registered_) detail::ActiveLoaders::instance().remove(&state_);
+    registered_ = false;
+    if (completed) {
+      progress_->epoch += 1;
+      progress_->yielded = 0;
+    }
+  }
+
+  DataLoader* loader_;
+  std::shared_ptr<Progress> progress_;
+  std::shared_ptr<Dataset> dataset_;
+  std::shared_ptr<Collate> collate_;
+  std::optional<torch::Device> device_;
+  bool non_blocking_;
+  std::vector<IndexBatch> batches_;
+  int64_t next_ = 0;
+  LoaderState state_;
+  std::optional<batch_type> current_;
+  std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
+  bool registered_ = false;
+  bool finished_ = false;
+};
+
+/// Input iterator over one loop; all copies share the loop.
+template <class Dataset, class Collate>
+class DataLoader<Dataset, Collate>::iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = batch_type;
+  using difference_type = std::ptrdiff_t;
+  using pointer = batch_type*;
+  using reference = batch_type&;
+
+  iterator() = default;
+
+  reference operator*() const { return run_->current(); }
+  pointer operator->() const { return &run_->current(); }
+  iterator& operator++() {
+    if (!run_->advance()) run_.reset();
+    return *this;
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const iterator& a, const iterator& b) { return a.done() == b.done(); }
+
+ private:
+  friend class DataLoader;
+  explicit iterator(std::shared_ptr<Run> run) : run_(std::move(run)) {}
+  bool done() const { return !run_ || run_->finished(); }
+  std::shared_ptr<Run> run_;
+};
+
+template <class Dataset, class Collate>
+typename DataLoader<Dataset, Collate>::iterator DataLoader<Dataset, Collate>::begin() {
+  auto run = std::make_shared<Run>(*this);
+  run->start();
+  if (!run->advance()) return iterator();
+  return iterator(std::move(run));
+}
+
+/// True for the DataLoader types of accel::data (after removing cv/ref).
+template <class T>
+struct is_data_loader : std::false_type {};
+template <class D, class C>
+struct is_data_loader<DataLoader<D, C>> : std::true_type {};
+template <class T>
+inline constexpr bool is_data_loader_v = is_data_loader<std::remove_cvref_t<T>>::value;
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_DATA_LOADER_HPP
+// end <accel/data/data_loader.hpp>
+// begin <accel/data/make_data_loader.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines make_data_loader(): the entry point that turns a map-style
+/// dataset and LoaderOptions into a DataLoader.
+#ifndef ACCEL_DATA_MAKE_DATA_LOADER_HPP
+#define ACCEL_DATA_MAKE_DATA_LOADER_HPP
+
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace accel::data {
+namespace detail {
+
+template <class T>
+struct dataset_of {
+  using type = std::remove_cvref_t<T>;
+  static std::shared_ptr<type> share(T&& d) { return std::make_shared<type>(std::forward<T>(d)); }
+};
+template <class T>
+struct dataset_of<std::shared_ptr<T>> {
+  using type = T;
+  static std::shared_ptr<T> share(std::shared_ptr<T> d) { return d; }
+};
+template <class T>
+struct dataset_of<std::shared_ptr<T>&> : dataset_of<std::shared_ptr<T>> {};
+template <class T>
+struct dataset_of<const std::shared_ptr<T>&> : dataset_of<std::shared_ptr<T>> {};
+
+template <class T>
+using dataset_t = typename dataset_of<T>::type;
+
+template <class D>
+constexpr void check_dataset() {
+  static_assert(MapStyleDataset<D>,
+                "accel: make_data_loader needs a map-style dataset: get(size_t) (or "
+                "get_batch(indices)) and size(). Derive from torch::data::datasets::Dataset<Self>, "
+                "or pass a std::shared_ptr to such a dataset.");
+}
+
+}  // namespace detail
+
+/// A loader over `dataset` (held by value, or shared when given a
+/// std::shared_ptr) whose batches are made by DefaultCollate.
+template <class D>
+auto make_data_loader(D&& dataset, LoaderOptions options = {}) {
+  using Dataset = detail::dataset_t<D>;
+  detail::check_dataset<Dataset>();
+  return DataLoader<Dataset, DefaultCollate>(detail::dataset_of<D>::share(std::forward<D>(dataset)),
+                                             options);
+}
+
+/// A loader whose batches are `collate(samples)`, where samples is the
+/// std::vector of what dataset.get(i) returns for the batch's indices (or what
+/// get_batch() returns, for a dataset without get()). The collate is called
+/// from the worker threads when num_workers > 0.
+template <class D, class Collate>
+auto make_data_loader(D&& dataset, LoaderOptions options, Collate collate) {
+  using Dataset = detail::dataset_t<D>;
+  detail::check_dataset<Dataset>();
+  static_assert(std::is_invocable_v<Collate&, detail::raw_batch_t<Dataset>&&>,
+                "accel: the collate passed to make_data_loader cannot be called with the samples "
+                "of one batch. Make it accept std::vector<Example> (Example: what the dataset's "
+                "get() returns).");
+  return DataLoader<Dataset, std::decay_t<Collate>>(
+      detail::dataset_of<D>::share(std::forward<D>(dataset)), options, std::move(collate));
+}
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_MAKE_DATA_LOADER_HPP
+// end <accel/data/make_data_loader.hpp>
+// begin <accel/data/tensor_dataset.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines TensorDataset: in-memory tensors indexed along dimension 0,
+/// read a whole batch at a time (one index_select per tensor instead of one
+/// get() per sample and a stack).
+#ifndef ACCEL_DATA_TENSOR_DATASET_HPP
+#define ACCEL_DATA_TENSOR_DATASET_HPP
+
+
+#include <torch/data/example.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace accel::data {
+
+/// Samples are rows of `data` and `target` (same length along dimension 0).
+/// make_data_loader(TensorDataset(x, y), ...) yields torch::data::Example<>
+/// batches identical to a per-sample dataset's stacked ones, built with one
+/// index_select per tensor. Batches are copies: changing one in place does not
+/// change the dataset. Safe to read from several worker threads.
+class TensorDataset {
+ public:
+  TensorDataset(torch::Tensor data, torch::Tensor target)
+      : data_(std::move(data)), target_(std::move(target)) {
+    ACCEL_CHECK(data_.defined() && target_.defined() && data_.dim() >= 1 && target_.dim() >= 1,
+                "accel: TensorDataset needs two defined tensors with at least one dimension. "
+                "Pass the samples and their targets stacked along dimension 0.");
+    ACCEL_CHECK(data_.size(0) == target_.size(0), "accel: TensorDataset got ", data_.size(0),
+                " samples but ", target_.size(0),
+                " targets. Pass tensors of the same length along dimension 0.");
+  }
+
+  torch::data::Example<> get_batch(const std::vector<size_t>& indices) const {
+    const torch::Tensor idx =
+        torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()), torch::kLong)
+            .to(data_.device());
+    return {data_.index_select(0, idx), target_.index_select(0, idx.to(target_.device()))};
+  }
+
+  std::optional<size_t> size() const { return static_cast<size_t>(data_.size(0)); }
+
+  const torch::Tensor& data() const { return data_; }
+  const torch::Tensor& target() const { return target_; }
+
+ private:
+  torch::Tensor data_, target_;
+};
+
+}  // namespace accel::data
+
+#endif  // ACCEL_DATA_TENSOR_DATASET_HPP
+// end <accel/data/tensor_dataset.hpp>
+
+#endif  // ACCEL_DATA_HPP
+// end <accel/data.hpp>
+// begin <accel/sched.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines nothing itself: includes the learning-rate schedulers
+/// (accel::sched::OneCycleLR, accel::sched::LinearWarmup).
+#ifndef ACCEL_SCHED_HPP
+#define ACCEL_SCHED_HPP
+
+// begin <accel/sched/linear_warmup.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::sched::LinearWarmup: a linear learning-rate warm-up,
+/// optionally followed by a linear decay to zero (Hugging Face's
+/// get_linear_schedule_with_warmup when start_factor is 0).
+#ifndef ACCEL_SCHED_LINEAR_WARMUP_HPP
+#define ACCEL_SCHED_LINEAR_WARMUP_HPP
+
+// begin <accel/sched/detail/param_groups.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines PerGroup (one value or one per parameter group) and the
+/// helpers the schedulers use to read and write learning rate and momentum of
+/// an optimizer's parameter groups, whatever the optimizer type.
+#ifndef ACCEL_SCHED_DETAIL_PARAM_GROUPS_HPP
+#define ACCEL_SCHED_DETAIL_PARAM_GROUPS_HPP
+
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace accel::sched {
+
+/// A scheduler argument given either once for all parameter groups
+/// (`.max_lr = 0.1`) or once per group (`.max_lr = {0.1, 0.01}`), as Python's
+/// schedulers accept a float or a list.
+struct PerGroup {
+  std::vector<double> values;
+
+  PerGroup() = default;
+  PerGroup(double v) : values{v} {}  // NOLINT: implicit on purpose
+  PerGroup(std::initializer_list<double> v) : values(v) {}
+  PerGroup(std::vector<double> v) : values(std::move(v)) {}  // NOLINT
+
+  /// One value per group: a single value is repeated; a list must match.
+  std::vector<double> expand(std::size_t groups, const char* scheduler,
+                             const char* name) const {
+    ACCEL_CHECK(!values.empty(), "accel: ", scheduler, " needs a value for ", name,
+                ". Set it in the options (one number, or one per parameter group).");
+    if (values.size() == 1) return std::vector<double>(groups, values.front());
+    ACCEL_CHECK(values.size() == groups, "accel: ", scheduler, " expected ", groups,
+                " values for ", name, " (one per parameter group), got ", values.size(),
+                ". Pass one number or exactly one per parameter group.");
+    return values;
+  }
+};
+
+namespace detail {
+
+/// Which optimizer field OneCycleLR cycles: Python cycles `momentum` when the
+/// optimizer has one (SGD, RMSprop) and beta1 when it has `betas` (Adam, AdamW).
+enum class MomentumField { None, Momentum, Beta1 };
+
+inline MomentumField momentum_field(const torch::optim::OptimizerOptions& o) {
+  if (dynamic_cast<const torch::optim::SGDOptions*>(&o) ||
+      dynamic_cast<const torch::optim::RMSpropOptions*>(&o))
+    return MomentumField::Momentum;
+  if (dynamic_cast<const torch::optim::AdamOptions*>(&o) ||
+      dynamic_cast<const torch::optim::AdamWOptions*>(&o))
+    return MomentumField::Beta1;
+  return MomentumField::None;
+}
+
+inline void set_momentum(torch::optim::OptimizerOptions& o, double m) {
+  if (auto* p = dynamic_cast<torch::optim::SGDOptions*>(&o)) {
+    p->momentum(m);
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&o)) {
+    r->momentum(m);
+  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) {
+    a->betas(std::make_tuple(m, std::get<1>(a->betas())));
+  } else if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&o)) {
+    w->betas(std::make_tuple(m, std::get<1>(w->betas())));
+  }
+}
+
+inline double get_momentum(const torch::optim::OptimizerOptions& o) {
+  if (auto* p = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return p->momentum();
+  if (auto* r = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return r->momentum();
+  if (auto* a = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return std::get<0>(a->betas());
+  if (auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return std::get<0>(w->betas());
+  return 0.0;
+}
+
+/// Writes lrs (one per group) into the optimizer; the base class's own setter
+/// is private, and construction and set_step_count() need one.
+inline void set_lrs(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
+  auto& groups = opt.param_groups();
+  for (std::size_t i = 0; i < groups.size() && i < lrs.size(); ++i)
+    groups[i].options().set_lr(lrs[i]);
+}
+
+inline void check_group_count(const torch::optim::Optimizer& opt, std::size_t expected,
+                              const char* scheduler) {
+  ACCEL_CHECK(opt.param_groups().size() == expected, "accel: ", scheduler, " was built for ",
+              expected, " parameter groups but the optimizer now has ",
+              opt.param_groups().size(),
+              ". Add all parameter groups before constructing the scheduler.");
+}
+
+/// Scheduler position in a torch::serialize archive (int64 scalar tensors).
+inline void write_int(torch::serialize::OutputArchive& a, const std::string& key, int64_t v) {
+  a.write(key, torch::tensor(v, torch::kInt64));
+}
+inline int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
+  torch::Tensor t;
+  a.read(key, t);
+  return t.item<int64_t>();
+}
+inline void write_doubles(torch::serialize::OutputArchive& a, const std::string& key,
+                          const std::vector<double>& v) {
+  a.write(key, torch::tensor(v, torch::kFloat64));
+}
+inline std::vector<double> read_doubles(torch::serialize::InputArchive& a,
+                                        const std::string& key) {
+  torch::Tensor t;
+  a.read(key, t);
+  t = t.contiguous();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+}  // namespace detail
+}  // namespace accel::sched
+
+#endif  // ACCEL_SCHED_DETAIL_PARAM_GROUPS_HPP
+// end <accel/sched/detail/param_groups.hpp>
+
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace accel::sched {
+
+/// Arguments of LinearWarmup.
+struct LinearWarmupOptions {
+  int64_t warmup_steps = 0;            ///< W: steps to go from start_factor to 1
+  double start_factor = 0.0;           ///< s in [0, 1]: lr factor at step 0
+  std::optional<int64_t> total_steps{};  ///< T >= W: decay linearly to 0 at step T; unset: hold
+};
+
+/// lr of group g at step n (n = step() calls since construction) is
+/// base_lr[g] * factor(n), base_lr[g] being the group's lr at construction:
+///
+///   n <  W:                 factor = s + (1 - s) * (n / W)
+///   n >= W, no total_steps: factor = 1
+///   n >= W, total_steps T:  factor = max(0, (T - n) / max(1, T - W))
+///
+/// With s = 0 and T set this is transformers' get_linear_schedule_with_warmup;
+/// without T it is torch's LinearLR(start_factor = s, end_factor = 1,
+/// total_iters = W) (there computed recursively, here in closed form).
+/// Steps past T keep lr at 0; stepping never throws.
+class LinearWarmup : public torch::optim::LRScheduler {
+ public:
+  using Options = LinearWarmupOptions;
+
+  LinearWarmup(torch::optim::Optimizer& optimizer, Options options)
+      : torch::optim::LRScheduler(optimizer), optimizer_(&optimizer), options_(options) {
+    ACCEL_CHECK(options_.warmup_steps >= 0, "accel: LinearWarmup expected warmup_steps >= 0, got ",
+                options_.warmup_steps, ". Pass the number of warm-up steps (0 for none).");
+    ACCEL_CHECK(options_.start_factor >= 0.0 && options_.start_factor <= 1.0,
+                "accel: LinearWarmup expected start_factor between 0 and 1, got ",
+                options_.start_factor, ". Pass the fraction of the lr to start from.");
+    ACCEL_CHECK(!options_.total_steps || *options_.total_steps >= options_.warmup_steps,
+                "accel: LinearWarmup expected total_steps >= warmup_steps, got total_steps ",
+                options_.total_steps.value_or(0), " and warmup_steps ", options_.warmup_steps,
+                ". Pass a total that includes the warm-up, or leave total_steps unset.");
+    ACCEL_CHECK(!optimizer.param_groups().empty(),
+                "accel: LinearWarmup got an optimizer without parameter groups. "
+                "Construct the optimizer with its parameters first.");
+    for (auto& g : optimizer.param_groups()) base_lrs_.push_back(g.options().get_lr());
+    apply(0);
+  }
+  LinearWarmup(torch::optim::Optimizer& optimizer, int64_t warmup_steps,
+               double start_factor = 0.0)
+      : LinearWarmup(optimizer, Options{.warmup_steps = warmup_steps,
+                                        .start_factor = start_factor}) {}
+
+  /// The multiplier of base_lr at step n (formula above).
+  double factor(int64_t n) const {
+    const auto& o = options_;
+    if (n < o.warmup_steps)
+      return o.start_factor +
+             (1.0 - o.start_factor) * (static_cast<double>(n) / static_cast<double>(o.warmup_steps));
+    if (!o.total_steps) return 1.0;
+    const int64_t t = *o.total_steps;
+    return std::max(0.0, static_cast<double>(t - n) /
+                             static_cast<double>(std::max<int64_t>(1, t - o.warmup_steps)));
+  }
+
+  /// step() calls since construction.
+  int64_t step_count() const { return static_cast<int64_t>(step_count_); }
+
+  /// Moves to position n >= 0 and writes that step's lrs into the optimizer.
+  void set_step_count(int64_t n) {
+    ACCEL_CHECK(n >= 0, "accel: LinearWarmup cannot move to step ", n,
+                ". Pass a step count >= 0.");
+    apply(n);
+    step_count_ = static_cast<decltype(step_count_)>(n);
+  }
+
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// The lrs the schedule scales (the groups' lrs when it was constructed).
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  const Options& options() const { return options_; }
+
+  /// Saves position and base lrs, so a scheduler rebuilt around an optimizer
+  /// whose lr was already changed still resumes exactly.
+  void save(torch::serialize::OutputArchive& archive) const {
+    detail::write_int(archive, "step_count", step_count());
+    detail::write_doubles(archive, "base_lrs", base_lrs_);
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    auto lrs = detail::read_doubles(archive, "base_lrs");
+    ACCEL_CHECK(lrs.size() == base_lrs_.size(), "accel: the saved LinearWarmup state has ",
+                lrs.size(), " parameter groups but the optimizer has ", base_lrs_.size(),
+                ". Load it into a scheduler over the same optimizer layout.");
+    base_lrs_ = std::move(lrs);
+    set_step_count(detail::read_int(archive, "step_count"));
+  }
+
+ protected:
+  /// Called by LRScheduler::step() before it increments step_count_.
+  std::vector<double> get_lrs() override { return compute(step_count() + 1); }
+
+ private:
+  std::vector<double> compute(int64_t n) {
+    detail::check_group_count(*optimizer_, base_lrs_.size(), "LinearWarmup");
+    const double f = factor(n);
+    std::vector<double> lrs;
+    lrs.reserve(base_lrs_.size());
+    for (double b : base_lrs_) lrs.push_back(b * f);
+    last_lr_ = lrs;
+    return lrs;
+  }
+  void apply(int64_t n) { detail::set_lrs(*optimizer_, compute(n)); }
+
+  torch::optim::Optimizer* optimizer_;
+  Options options_;
+  std::vector<double> base_lrs_;
+  std::vector<double> last_lr_;
+};
+
+}  // namespace accel::sched
+
+#endif  // ACCEL_SCHED_LINEAR_WARMUP_HPP
+// end <accel/sched/linear_warmup.hpp>
+// begin <accel/sched/one_cycle_lr.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::sched::OneCycleLR, the 1cycle policy with the same
+/// learning-rate and momentum sequence as torch.optim.lr_scheduler.OneCycleLR.
+#ifndef ACCEL_SCHED_ONE_CYCLE_LR_HPP
+#define ACCEL_SCHED_ONE_CYCLE_LR_HPP
+
+
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace accel::sched {
+
+/// How OneCycleLR moves between two anchors (Python's anneal_strategy).
+enum class AnnealStrategy { Cos, Linear };
+
+/// Arguments of OneCycleLR, named and defaulted as in Python. Give either
+/// total_steps, or epochs and steps_per_epoch (total_steps wins when both are set).
+struct OneCycleLROptions {
+  PerGroup max_lr{};                       ///< required: peak lr, one or one per group
+  std::optional<int64_t> total_steps{};    ///< number of step() calls in the cycle
+  std::optional<int64_t> epochs{};         ///< with steps_per_epoch: total = product
+  std::optional<int64_t> steps_per_epoch{};
+  double pct_start = 0.3;                  ///< share of the cycle spent increasing lr
+  AnnealStrategy anneal_strategy = AnnealStrategy::Cos;
+  bool cycle_momentum = true;              ///< cycle SGD/RMSprop momentum or Adam(W) beta1
+  PerGroup base_momentum = 0.85;           ///< momentum at peak lr
+  PerGroup max_momentum = 0.95;            ///< momentum at the start and the end
+  double div_factor = 25.0;                ///< initial_lr = max_lr / div_factor
+  double final_div_factor = 1e4;           ///< min_lr = initial_lr / final_div_factor
+  bool three_phase = false;                ///< warm up, come back down, then anneal to min_lr
+};
+
+/// The 1cycle learning-rate policy (Smith & Topin), a port of PyTorch's Python
+/// OneCycleLR (torch 1.13): same phases, same floating-point formulas, so the
+/// sequence of lr (and momentum) values is the same for the same arguments.
+///
+/// Position: construction puts the optimizer at step 0 (lr = max_lr/div_factor
+/// up to rounding, momentum = max_momentum); the n-th step() call moves it to
+/// step n, for n up to total_steps. Stepping further throws accel::Error
+/// (Python raises ValueError) and changes nothing.
+class OneCycleLR : public torch::optim::LRScheduler {
+ public:
+  using Options = OneCycleLROptions;
+
+  OneCycleLR(torch::optim::Optimizer& optimizer, Options options)
+      : torch::optim::LRScheduler(optimizer), optimizer_(&optimizer), options_(std::move(options)) {
+    init();
+  }
+  OneCycleLR(torch::optim::Optimizer& optimizer, double max_lr, int64_t total_steps)
+      : OneCycleLR(optimizer, Options{.max_lr = max_lr, .total_steps = total_steps}) {}
+
+  /// step() calls since construction (Python's last_epoch).
+  int64_t step_count() const { return static_cast<int64_t>(step_count_); }
+
+  /// Moves to position n (0 <= n <= total_steps) and writes that step's lr and
+  /// momentum into the optimizer: what resuming from a checkpoint needs.
+  void set_step_count(int64_t n) {
+    ACCEL_CHECK(n >= 0 && n <= total_steps_, "accel: OneCycleLR cannot move to step ", n,
+                ", its schedule has steps 0 to ", total_steps_,
+                ". Pass a step count within the schedule.");
+    apply(n);
+    step_count_ = static_cast<decltype(step_count_)>(n);
+  }
+
+  /// The lr of each parameter group set by the last construction/step().
+  std::vector<double> get_last_lr() const { return last_lr_; }
+  /// The momentum (or beta1) of each group set last; empty without cycle_momentum.
+  std::vector<double> get_last_momentum() const { return last_momentum_; }
+
+  int64_t total_steps() const { return total_steps_; }
+  const Options& options() const { return options_; }
+
+  /// Saves the position (and total_steps, checked on load) in a torch archive.
+  void save(torch::serialize::OutputArchive& archive) const {
+    detail::write_int(archive, "step_count", step_count());
+    detail::write_int(archive, "total_steps", total_steps_);
+  }
+  void load(torch::serialize::InputArchive& archive) {
+    const int64_t saved_total = detail::read_int(archive, "total_steps");
+    ACCEL_CHECK(saved_total == total_steps_, "accel: the saved OneCycleLR state has total_steps ",
+                saved_total, " but this scheduler has ", total_steps_,
+                ". Construct the scheduler with the same arguments as the saved one.");
+    set_step_count(detail::read_int(archive, "step_count"));
+  }
+
+ protected:
+  /// Called by LRScheduler::step() before it increments step_count_: computes
+  /// the next step's lrs (and sets momentum, as Python's get_lr() does).
+  std::vector<double> get_lrs() override {
+    const int64_t next = step_count() + 1;
+    if (next > total_steps_)
+      throw Error(::accel::detail::concat(
+          "accel: OneCycleLR was stepped ", next, " times but total_steps is ", total_steps_,
+          " (Python: \"Tried to step ", next + 1, " times. The specified number of total steps is ",
+          total_steps_, "\"). Increase total_steps (or epochs/steps_per_epoch), or stop "
+          "calling step() after the last step."));
+    return compute_and_set_momentum(next);
+  }
+
+ private:
+  enum class Anchor { InitialLr, MaxLr, MinLr, MaxMomentum, BaseMomentum };
+  struct Phase {
+    double end_step;
+    Anchor start_lr, end_lr, start_momentum, end_momentum;
+  };
+  struct Group {
+    double initial_lr, max_lr, min_lr, max_momentum, base_momentum;
+    double at(Anchor a) const {
+      switch (a) {
+        case Anchor::InitialLr: return initial_lr;
+        case Anchor::MaxLr: return max_lr;
+        case Anchor::MinLr: return min_lr;
+        case Anchor::MaxMomentum: return max_momentum;
+        case Anchor::BaseMomentum: return base_momentum;
+      }
+      return 0.0;
+    }
+  };
+
+  void init() {
+    const Options& o = options_;
+    if (o.total_steps) {
+      ACCEL_CHECK(*o.total_steps > 0, "accel: OneCycleLR expected a positive total_steps, got ",
+                  *o.total_steps, ". Pass the number of step() calls of the whole run.");
+      total_steps_ = *o.total_steps;
+    } else {
+      ACCEL_CHECK(o.epochs || o.steps_per_epoch,
+                  "accel: OneCycleLR needs total_steps or (epochs and steps_per_epoch). "
+                  "Set one of them in the options.");
+      ACCEL_CHECK(o.epochs && *o.epochs > 0, "accel: OneCycleLR expected a positive epochs, got ",
+                  o.epochs ? std::to_string(*o.epochs) : "none",
+                  ". Set epochs together with steps_per_epoch, or set total_steps.");
+      ACCEL_CHECK(o.steps_per_epoch && *o.steps_per_epoch > 0,
+                  "accel: OneCycleLR expected a positive steps_per_epoch, got ",
+                  o.steps_per_epoch ? std::to_string(*o.steps_per_epoch) : "none",
+                  ". Set steps_per_epoch together with epochs, or set total_steps.");
+      total_steps_ = *o.epochs * *o.steps_per_epoch;
+    }
+    ACCEL_CHECK(o.pct_start >= 0.0 && o.pct_start <= 1.0,
+                "accel: OneCycleLR expected pct_start between 0 and 1, got ", o.pct_start,
+                ". Pass the share of the cycle spent increasing the learning rate.");
+    ACCEL_CHECK(o.div_factor > 0.0 && o.final_div_factor > 0.0,
+                "accel: OneCycleLR needs positive div_factor and final_div_factor, got ",
+                o.div_factor, " and ", o.final_div_factor, ". Pass positive divisors.");
+
+    // Phase boundaries in Python's float arithmetic: same rounding, same values.
+    const double total = static_cast<double>(total_steps_);
+    if (o.three_phase) {
+      phases_ = {{o.pct_start * total - 1, Anchor::InitialLr, Anchor::MaxLr, Anchor::MaxMomentum,
+                  Anchor::BaseMomentum},
+                 {2 * o.pct_start * total - 2, Anchor::MaxLr, Anchor::InitialLr,
+                  Anchor::BaseMomentum, Anchor::MaxMomentum},
+                 {total - 1, Anchor::InitialLr, Anchor::MinLr, Anchor::MaxMomentum,
+                  Anchor::MaxMomentum}};
+    } else {
+      phases_ = {{o.pct_start * total - 1, Anchor::InitialLr, Anchor::MaxLr, Anchor::MaxMomentum,
+                  Anchor::BaseMomentum},
+                 {total - 1, Anchor::MaxLr, Anchor::MinLr, Anchor::BaseMomentum,
+                  Anchor::MaxMomentum}};
+    }
+
+    const std::size_t n = optimizer_->param_groups().size();
+    ACCEL_CHECK(n > 0, "accel: OneCycleLR got an optimizer without parameter groups. "
+                "Construct the optimizer with its parameters first.");
+    const auto max_lrs = o.max_lr.expand(n, "OneCycleLR", "max_lr");
+    std::vector<double> max_m(n, 0.0), base_m(n, 0.0);
+    if (o.cycle_momentum) {
+      max_m = o.max_momentum.expand(n, "OneCycleLR", "max_momentum");
+      base_m = o.base_momentum.expand(n, "OneCycleLR", "base_momentum");
+      for (auto& g : optimizer_->param_groups())
+        ACCEL_CHECK(detail::momentum_field(g.options()) != detail::MomentumField::None,
+                    "accel: OneCycleLR with cycle_momentum needs an optimizer with momentum "
+                    "(SGD, RMSprop) or betas (Adam, AdamW). Set cycle_momentum = false for "
+                    "this optimizer.");
+    }
+    groups_.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      const double initial = max_lrs[i] / o.div_factor;
+      groups_.push_back({initial, max_lrs[i], initial / o.final_div_factor, max_m[i], base_m[i]});
+    }
+    apply(0);  // Python's constructor takes the first step, to position 0
+  }
+
+  double anneal(double start, double end, double pct) const {
+    if (options_.anneal_strategy == AnnealStrategy::Cos) {
+      const double cos_out = std::cos(std::numbers::pi * pct) + 1;
+      return end + (start - end) / 2.0 * cos_out;
+    }
+    return (end - start) * pct + start;
+  }
+
+  // lr of every group at position step; sets the optimizer's momentum on the way.
+  std::vector<double> compute_and_set_momentum(int64_t step) {
+    detail::check_group_count(*optimizer_, groups_.size(), "OneCycleLR");
+    std::vector<double> lrs, moms;
+    auto& param_groups = optimizer_->param_groups();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      double start_step = 0.0;
+      for (std::size_t i = 0; i < phases_.size(); ++i) {
+        const Phase& ph = phases_[i];
+        if (static_cast<double>(step) <= ph.end_step || i + 1 == phases_.size()) {
+          const double span = ph.end_step - start_step;
+          ACCEL_CHECK(span != 0.0, "accel: OneCycleLR has an empty phase at step ", step,
+                      " (Python raises ZeroDivisionError here). Use a pct_start that leaves "
+                      "room for every phase.");
+          const double pct = (static_cast<double>(step) - start_step) / span;
+          lrs.push_back(anneal(groups_[g].at(ph.start_lr), groups_[g].at(ph.end_lr), pct));
+          if (options_.cycle_momentum) {
+            moms.push_back(
+                anneal(groups_[g].at(ph.start_momentum), groups_[g].at(ph.end_momentum), pct));
+            detail::set_momentum(param_groups[g].options(), moms.back());
+          }
+          break;
+        }
+        start_step = ph.end_step;
+      }
+    }
+    last_lr_ = lrs;
+    last_momentum_ = std::move(moms);
+    return lrs;
+  }
+
+  void apply(int64_t step) { detail::set_lrs(*optimizer_, compute_and_set_momentum(step)); }
+
+  torch::optim::Optimizer* optimizer_;
+  Options options_;
+  int64_t total_steps_ = 0;
+  std::vector<Phase> phases_;
+  std::vector<Group> groups_;
+  std::vector<double> last_lr_, last_momentum_;
+};
+
+}  // namespace accel::sched
+
+#endif  // ACCEL_SCHED_ONE_CYCLE_LR_HPP
+// end <accel/sched/one_cycle_lr.hpp>
+
+#endif  // ACCEL_SCHED_HPP
+// end <accel/sched.hpp>
+// begin <accel/checkpoint.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the checkpoint area: safetensors I/O and save_model.
+#ifndef ACCEL_CHECKPOINT_HPP
+#define ACCEL_CHECKPOINT_HPP
+
+// begin <accel/checkpoint/safetensors.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines save_safetensors / load_safetensors: LibTorch tensors to and
+/// from the safetensors format, files written atomically and read through the
+/// validating parser of detail/safetensors_format.hpp.
+#ifndef ACCEL_CHECKPOINT_SAFETENSORS_HPP
+#define ACCEL_CHECKPOINT_SAFETENSORS_HPP
+
+// begin <accel/checkpoint/detail/file_io.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the POSIX file helpers of checkpointing: atomic writes
+/// (temporary file in the same directory, fsync, rename) and positioned reads.
+#ifndef ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
+#define ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
+
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace accel::checkpoint::detail {
+
+[[noreturn]] inline void fail_io(std::string_view what, const std::filesystem::path& path,
+                                 int error) {
+  throw Error(accel::detail::concat("accel: cannot ", what, " '", path.string(),
+                                    "': ", std::strerror(error),
+                                    ". Check the path, its permissions and the free disk space."));
+}
+
+/// A file written under a temporary name and renamed over `target` on
+/// commit(), so readers see the old file or the complete new one, never a
+/// partial write. Destroyed uncommitted, it removes the temporary file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path target) : target_(std::move(target)) {
+    const std::filesystem::path dir = target_.has_parent_path() ? target_.parent_path() : ".";
+    // Appended piecewise: GCC 12 at -O3 warns falsely on "." + std::string&&.
+    std::string name(1, '.');
+    name += target_.filename().string();
+    name += ".tmp.XXXXXX";
+    std::string tmpl = (dir / name).string();
+    fd_ = ::mkstemp(tmpl.data());
+    if (fd_ < 0) fail_io("create a temporary file for", target_, errno);
+    temp_ = tmpl;
+    (void)::fchmod(fd_, 0644);  // mkstemp creates 0600; checkpoints are meant to be shared
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  }
+
+  void write(const void* data, std::size_t size) {
+    const auto* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ::ssize_t n = ::write(fd_, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail_io("write", temp_, errno);
+      }
+      p += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  }
+
+  /// fsync, rename over the target, then fsync the directory so the rename
+  /// itself survives a crash.
+  void commit() {
+    if (::fsync(fd_) != 0) fail_io("flush", temp_, errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail_io("close", temp_, errno);
+    if (::rename(temp_.c_str(), target_.c_str()) != 0) fail_io("rename a temporary file to", target_, errno);
+    committed_ = true;
+    const std::filesystem::path dir = target_.has_parent_path() ? target_.parent_path() : ".";
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);  // best effort: some file systems refuse fsync on directories
+      ::close(dfd);
+    }
+  }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+/// Writes `text` to `path` atomically.
+inline void write_file_atomic(const std::filesystem::path& path, std::string_view text) {
+  AtomicFile file(path);
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
+/// A read-only file descriptor with positioned, complete reads.
+class ReadFile {
+ public:
+  explicit ReadFile(const std::filesystem::path& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail_io("open", path, errno);
+  }
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+  ~ReadFile() { ::close(fd_); }
+
+  /// Reads exactly size bytes at offset; a short file is an error (it may have
+  /// been truncated since its header was validated).
+  void read_at(std::uint64_t offset, void* out, std::size_t size) const {
+    auto* p = static_cast<char*>(out);
+    while (size > 0) {
+      const ::ssize_t n = ::pread(fd_, p, size, static_cast<::off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail_io("read", path_, errno);
+      }
+      if (n == 0)
+        throw Error("accel: invalid safetensors file '" + path_.string() +
+                    "': the file ended before its data buffer did. The file is truncated: "
+                    "write it again.");
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
+// end <accel/checkpoint/detail/file_io.hpp>
+// begin <accel/checkpoint/detail/safetensors_format.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the torch-free safetensors header parser: every file is
+/// untrusted, so each field is validated before anything is read through it.
+///
+/// Layout (https://github.com/huggingface/safetensors): an 8-byte little-endian
+/// header length N, N bytes of JSON
+///   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
+///    "__metadata__": {"key": "value"}}
+/// (optionally padded with spaces), then the data buffer. Offsets are relative
+/// to the start of the data buffer, which the tensors cover without holes or
+/// overlaps (as the reference reader requires, so no polyglot files).
+#ifndef ACCEL_CHECKPOINT_DETAIL_SAFETENSORS_FORMAT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_SAFETENSORS_FORMAT_HPP
+
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint::detail {
+
+/// Same cap as the reference reader: a header beyond it is rejected before any
+/// allocation, so a forged length cannot make us allocate gigabytes.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+/// A valid header nests three deep (root, tensor entry, shape); anything much
+/// deeper is hostile.
+inline constexpr int kMaxJsonDepth = 8;
+inline constexpr std::string_view kMetadataKey = "__metadata__";
+
+/// One tensor entry of a validated header. begin/end are byte offsets into the
+/// data buffer; end - begin == product(shape) * dtype_size(dtype).
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+/// A validated header: tensors sorted by their offsets (file order).
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;  ///< absolute file offset of the data buffer (8 + N)
+  std::uint64_t data_size = 0;   ///< bytes in the data buffer
+};
+
+/// Byte size of one element of a safetensors dtype, or nullopt if unknown.
+/// Sub-byte formats (F4, F6) are not listed: their sizes are not whole bytes.
+inline std::optional<std::size_t> dtype_size(std::string_view dtype) {
+  static constexpr std::array<std::pair<std::string_view, std::size_t>, 15> kSizes{{
+      {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2}, {"U16", 2}, {"F16", 2}, {"BF16", 2},
+      {"I32", 4}, {"U32", 4}, {"F32", 4},
+      {"I64", 8}, {"U64", 8}, {"F64", 8},
+  }};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  return std::nullopt;
+}
+
+[[noreturn]] inline void fail_format(std::string_view source, const std::string& problem) {
+  throw Error(accel::detail::concat(
+      "accel: invalid safetensors file '", source, "': ", problem,
+      ". The file is corrupt, truncated or not a safetensors file: write it again "
+      "with accel::checkpoint::save_safetensors or a safetensors library."));
+}
+
+/// Reads the little-endian header length from the first 8 bytes and checks it
+/// against the cap and the file size. Returns N.
+inline std::uint64_t parse_header_length(const unsigned char* prefix, std::uint64_t file_size,
+                                         std::string_view source) {
+  if (file_size < 8)
+    fail_format(source, accel::detail::concat("the file has ", file_size,
+                                              " bytes, fewer than the 8-byte header length"));
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
+  if (n > kMaxHeaderBytes)
+    fail_format(source, accel::detail::concat("the header length ", n, " exceeds the limit of ",
+                                              kMaxHeaderBytes, " bytes"));
+  if (n > file_size - 8)
+    fail_format(source, accel::detail::concat("the header length ", n,
+                                              " runs past the end of the file (", file_size,
+                                              " bytes)"));
+  return n;
+}
+
+namespace json_check {
+
+using json = nlohmann::json;
+
+/// Parses with a callback that rejects duplicate keys (nlohmann would keep the
+/// last one silently) and nesting deeper than kMaxJsonDepth.
+inline json parse_strict(std::string_view text, std::string_view source) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth)
+          fail_format(source, accel::detail::concat("the header nests deeper than ",
+                                                    kMaxJsonDepth, " levels"));
+        if (event == json::parse_event_t::object_start) keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+          fail_format(source, accel::detail::concat(
+                                  depth == 1 ? "the tensor name '" : "the key '",
+                                  parsed.get<std::string>(), "' appears twice in the header"));
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), callback);
+  } catch (const json::exception& e) {
+    fail_format(source, accel::detail::concat("the header is not valid JSON (", e.what(), ")"));
+  }
+}
+
+inline std::uint64_t to_u64(const json& v, std::string_view source, const std::string& what) {
+  if (!v.is_number_unsigned())
+    fail_format(source, what + " is " + v.dump() + ", not a non-negative integer");
+  return v.get<std::uint64_t>();
+}
+
+inline TensorInfo parse_entry(const std::string& name, const json& entry, std::uint64_t data_size,
+                              std::string_view source) {
+  const std::string where = "tensor '" + name + "'";
+  if (!entry.is_object()) fail_format(source, where + " is not a JSON object");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!entry.contains(field)) fail_format(source, where + " has no \"" + field + "\" field");
+
+  TensorInfo info;
+  info.name = name;
+  const json& dtype = entry["dtype"];
+  if (!dtype.is_string()) fail_format(source, where + " has a dtype that is not a string");
+  info.dtype = dtype.get<std::string>();
+  const auto elem = dtype_size(info.dtype);
+  if (!elem)
+    fail_format(source, where + " has unknown dtype '" + info.dtype +
+                            "' (known: BOOL U8 I8 F8_E4M3 F8_E5M2 I16 U16 F16 BF16 I32 U32 "
+                            "F32 I64 U64 F64)");
+
+  const json& shape = entry["shape"];
+  if (!shape.is_array()) fail_format(source, where + " has a shape that is not an array");
+  // Element count with overflow checks: a dimension must also fit int64_t,
+  // which is what LibTorch's sizes are.
+  std::uint64_t numel = 1;
+  bool overflow = false, zero = false;
+  for (const json& d : shape) {
+    const std::uint64_t dim = to_u64(d, source, where + ": a shape dimension");
+    if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      fail_format(source, where + " has shape dimension " + std::to_string(dim) +
+                              ", larger than a tensor can have");
+    info.shape.push_back(static_cast<std::int64_t>(dim));
+    if (dim == 0) zero = true;
+    else if (numel > std::numeric_limits<std::uint64_t>::max() / dim) overflow = true;
+    numel *= dim;  // may wrap: then overflow is recorded
+  }
+  if (zero) {  // a zero dimension makes the count exactly 0
+    numel = 0;
+    overflow = false;
+  }
+  if (overflow || numel > std::numeric_limits<std::uint64_t>::max() / *elem)
+    fail_format(source, where + " has shape " + shape.dump() +
+                            " whose byte size overflows 64 bits");
+
+  const json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2)
+    fail_format(source, where + " has data_offsets " + offsets.dump() +
+                            ", not an array [begin, end]");
+  info.begin = to_u64(offsets[0], source, where + ": data_offsets begin");
+  info.end = to_u64(offsets[1], source, where + ": data_offsets end");
+  if (info.begin > info.end)
+    fail_format(source, where + " has reversed data_offsets [" + std::to_string(info.begin) +
+                            ", " + std::to_string(info.end) + "] (begin after end)");
+  if (info.end > data_size)
+    fail_format(source, where + " has data_offsets [" + std::to_string(info.begin) + ", " +
+                            std::to_string(info.end) + "] that leave the data buffer (" +
+                            std::to_string(data_size) + " bytes)");
+  const std::uint64_t bytes = numel * *elem;
+  if (bytes != info.end - info.begin)
+    fail_format(source, where + " has shape " + shape.dump() + " and dtype " + info.dtype +
+                            ", which need " + std::to_string(bytes) +
+                            " bytes, but its data_offsets span " +
+                            std::to_string(info.end - info.begin) + " bytes");
+  return info;
+}
+
+}  // namespace json_check
+
+/// Validates the JSON header text against a data buffer of data_size bytes
+/// that starts at file offset data_start. Throws accel::Error naming source.
+inline SafetensorsHeader parse_header_json(std::string_view text, std::uint64_t data_start,
+                                           std::uint64_t data_size, std::string_view source) {
+  using json = nlohmann::json;
+  const json root = json_check::parse_strict(text, source);
+  if (!root.is_object()) fail_format(source, "the header is not a JSON object");
+
+  SafetensorsHeader header;
+  header.data_start = data_start;
+  header.data_size = data_size;
+  for (const auto& [key, value] : root.items()) {
+    if (key == kMetadataKey) {
+      if (!value.is_object()) fail_format(source, "__metadata__ is not a JSON object");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string())
+          fail_format(source, "__metadata__ value of '" + mk + "' is not a string");
+        header.metadata.emplace(mk, mv.get<std::string>());
+      }
+      continue;
+    }
+    header.tensors.push_back(json_check::parse_entry(key, value, data_size, source));
+  }
+
+  // The tensors must tile the data buffer exactly: no overlap, no hole, no tail.
+  auto& ts = header.tensors;
+  std::sort(ts.begin(), ts.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo& t : ts) {
+    if (t.begin < covered)
+      fail_format(source, "tensors '" + previous->name + "' and '" + t.name +
+                              "' have overlapping data_offsets");
+    if (t.begin > covered)
+      fail_format(source, "bytes [" + std::to_string(covered) + ", " + std::to_string(t.begin) +
+                              ") of the data buffer belong to no tensor");
+    covered = t.end;
+    previous = &t;
+  }
+  if (covered != data_size)
+    fail_format(source, "the data buffer has " + std::to_string(data_size - covered) +
+                            " bytes after the last tensor");
+  return header;
+}
+
+/// Validates a whole in-memory safetensors file.
+inline SafetensorsHeader parse_safetensors(const void* data, std::size_t size,
+                                           std::string_view source) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  const std::uint64_t n = parse_header_length(bytes, size, source);
+  const std::string_view text(reinterpret_cast<const char*>(bytes) + 8, static_cast<std::size_t>(n));
+  return parse_header_json(text, 8 + n, size - 8 - n, source);
+}
+
+/// Reads and validates only the header of a safetensors file.
+inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw Error("accel: cannot read safetensors file '" + source +
+                "': it does not exist or is not a regular file. Check the path.");
+  const std::uint64_t file_size = std::filesystem::file_size(path, ec);
+  std::ifstream in(path, std::ios::binary);
+  if (ec || !in)
+    throw Error("accel: cannot open safetensors file '" + source + "'. Check its permissions.");
+  unsigned char prefix[8] = {};
+  in.read(reinterpret_cast<char*>(prefix), file_size < 8 ? static_cast<std::streamsize>(file_size) : 8);
+  const std::uint64_t n = parse_header_length(prefix, file_size, source);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  if (!in || static_cast<std::uint64_t>(in.gcount()) != n)
+    fail_format(source, "the file ended while reading the header");
+  return parse_header_json(text, 8 + n, file_size - 8 - n, source);
+}
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_SAFETENSORS_FORMAT_HPP
+// end <accel/checkpoint/detail/safetensors_format.hpp>
+
+#include <torch/torch.h>
+
+#include <bit>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+static_assert(std::endian::native == std::endian::little,
+              "accel: safetensors I/O copies tensor bytes as they are in memory. Build for a "
+              "little-endian target.");
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// Metadata key prefix of a tied (storage-sharing) tensor saved once:
+/// "accel.tied.<alias>" -> "<name of the stored tensor>".
+inline constexpr std::string_view kTiedPrefix = "accel.tied.";
+
+/// Everything in one safetensors file: tensors (file order, then the tied
+/// aliases, which share the tensor they alias) and the metadata.
+struct SafetensorsContents {
+  NamedTensors tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+namespace detail {
+
+inline std::optional<std::string> to_safetensors_dtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat64: return "F64";
+    case torch::kFloat32: return "F32";
+    case torch::kFloat16: return "F16";
+    case torch::kBFloat16: return "BF16";
+    case torch::kInt64: return "I64";
+    case torch::kInt32: return "I32";
+    case torch::kInt16: return "I16";
+    case torch::kInt8: return "I8";
+    case torch::kUInt8: return "U8";
+    case torch::kBool: return "BOOL";
+    default: return std::nullopt;
+  }
+}
+
+inline std::optional<torch::ScalarType> to_torch_dtype(std::string_view d) {
+  if (d == "F64") return torch::kFloat64;
+  if (d == "F32") return torch::kFloat32;
+  if (d == "F16") return torch::kFloat16;
+  if (d == "BF16") return torch::kBFloat16;
+  if (d == "I64") return torch::kInt64;
+  if (d == "I32") return torch::kInt32;
+  if (d == "I16") return torch::kInt16;
+  if (d == "I8") return torch::kInt8;
+  if (d == "U8") return torch::kUInt8;
+  if (d == "BOOL") return torch::kBool;
+  return std::nullopt;
+}
+
+/// True when a and b are the same view of the same memory (a tied weight),
+/// which is what is saved once. Empty tensors never count: they own no bytes.
+inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.numel() > 0 && a.has_storage() && b.has_storage() && a.data_ptr() == b.data_ptr() &&
+         a.device() == b.device() && a.scalar_type() == b.scalar_type() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+}  // namespace detail
+
+/// Writes `tensors` to `path` in the safetensors format, atomically (temporary
+/// file in the same directory, fsync, rename). Tensors are written from CPU
+/// and contiguous, in the given order. Entries that are the same view of the
+/// same memory as an earlier entry are stored once and recorded in metadata
+/// under kTiedPrefix, so load_safetensors returns one shared tensor for both.
+/// metadata gets "format": "pt" unless it sets "format" itself.
+inline void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+  const std::string source = path.string();
+  nlohmann::json header = nlohmann::json::object();
+  nlohmann::json meta = nlohmann::json::object();
+  meta["format"] = "pt";
+  for (const auto& [k, v] : metadata) {
+    ACCEL_CHECK(k.rfind(kTiedPrefix, 0) != 0, "accel: metadata key '", k, "' for '", source,
+                "' uses the reserved prefix '", kTiedPrefix, "'. Rename the key.");
+    meta[k] = v;
+  }
+
+  std::set<std::string> names;
+  std::vector<torch::Tensor> stored;  // CPU, contiguous, in file order
+  std::vector<std::pair<std::string, const torch::Tensor*>> originals;
+  std::uint64_t offset = 0;
+  for (const auto& entry : tensors) {
+    // Named references, not a structured binding: lambdas below capture them
+    // (clang 14 cannot capture structured bindings).
+    const std::string& name = entry.first;
+    const torch::Tensor& tensor = entry.second;
+    ACCEL_CHECK(name != checkpoint::detail::kMetadataKey, "accel: cannot save a tensor named '",
+                name, "' to '", source, "': the name is reserved by the format. Rename it.");
+    ACCEL_CHECK(names.insert(name).second, "accel: the tensor name '", name,
+                "' appears twice in what is saved to '", source, "'. Give each tensor one name.");
+    ACCEL_CHECK(tensor.defined(), "accel: tensor '", name, "' saved to '", source,
+                "' is undefined. Leave it out or initialise it.");
+    ACCEL_CHECK(tensor.layout() == torch::kStrided, "accel: tensor '", name, "' saved to '",
+                source, "' is not dense (layout ", tensor.layout(),
+                "). Convert it with to_dense() first.");
+    const auto dtype = detail::to_safetensors_dtype(tensor.scalar_type());
+    ACCEL_CHECK(dtype.has_value(), "accel: tensor '", name, "' saved to '", source,
+                "' has dtype ", tensor.scalar_type(),
+                ", which safetensors cannot hold here. Convert it to one of float64, float32, "
+                "float16, bfloat16, int64, int32, int16, int8, uint8, bool.");
+    const auto tied = std::find_if(originals.begin(), originals.end(), [&](const auto& o) {
+      return detail::same_view(*o.second, tensor);
+    });
+    if (tied != originals.end()) {
+      meta[std::string(kTiedPrefix) + name] = tied->first;
+      continue;
+    }
+    originals.emplace_back(name, &tensor);
+    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
+    const auto bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", *dtype},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    stored.push_back(std::move(t));
+  }
+  header[std::string(checkpoint::detail::kMetadataKey)] = std::move(meta);
+
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-aligned, as Hugging Face writes it
+  unsigned char prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+
+  checkpoint::detail::AtomicFile file(path);
+  file.write(prefix, sizeof prefix);
+  file.write(text.data(), text.size());
+  for (const torch::Tensor& t : stored)
+    file.write(t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size());
+  file.commit();
+}
+
+/// Reads a safetensors file after validating its header (see
+/// detail/safetensors_format.hpp). The tensors live on CPU and own their memory.
+inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  const auto header = checkpoint::detail::read_safetensors_header(path);
+  checkpoint::detail::ReadFile file(path);
+  SafetensorsContents out;
+  out.metadata = header.metadata;
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& info : header.tensors) {
+    const auto dtype = detail::to_torch_dtype(info.dtype);
+    ACCEL_CHECK(dtype.has_value(), "accel: tensor '", info.name, "' in '", source,
+                "' has dtype ", info.dtype,
+                ", which LibTorch 1.13 has no type for. Convert it before saving.");
+    torch::Tensor t;
+    try {
+      t = torch::empty(info.shape, torch::TensorOptions().dtype(*dtype));
+    } catch (const c10::Error&) {  // e.g. an empty shape whose strides overflow
+      checkpoint::detail::fail_format(source, "tensor '" + info.name +
+                                                  "' has a shape LibTorch cannot allocate");
+    }
+    file.read_at(header.data_start + info.begin, t.data_ptr(),
+                 static_cast<std::size_t>(info.end - info.begin));
+    if (*dtype == torch::kBool) {
+      // Any byte other than 0/1 in a bool tensor is undefined behaviour in ATen.
+      const auto* b = static_cast<const std::uint8_t*>(t.data_ptr());
+      for (std::uint64_t i = 0; i < info.end - info.begin; ++i)
+        if (b[i] > 1)
+          checkpoint::detail::fail_format(source, "BOOL tensor '" + info.name +
+                                                      "' holds a byte other than 0 or 1");
+    }
+    by_name.emplace(info.name, t);
+    out.tensors.emplace_back(info.name, std::move(t));
+  }
+  for (const auto& [key, target] : header.metadata) {
+    if (key.rfind(kTiedPrefix, 0) != 0) continue;
+    const std::string alias = key.substr(kTiedPrefix.size());
+    const auto it = by_name.find(target);
+    if (it == by_name.end())
+      checkpoint::detail::fail_format(source, "tied tensor '" + alias + "' refers to '" + target +
+                                                  "', which is not in the file");
+    if (by_name.count(alias) != 0)
+      checkpoint::detail::fail_format(source, "tied tensor '" + alias +
+                                                  "' is also stored as a tensor");
+    out.tensors.emplace_back(alias, it->second);
+  }
+  return out;
+}
+
+/// The tensors of a safetensors file, tied names sharing one tensor.
+inline NamedTensors load_safetensors(const std::filesystem::path& path) {
+  return read_safetensors(path).tensors;
+}
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_SAFETENSORS_HPP
+// end <accel/checkpoint/safetensors.hpp>
+// begin <accel/checkpoint/save_model.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines SaveModelOptions and the file side of save_model: a module's
+/// parameters and buffers to safetensors shards plus Hugging Face's index, and
+/// back into a module.
+#ifndef ACCEL_CHECKPOINT_SAVE_MODEL_HPP
+#define ACCEL_CHECKPOINT_SAVE_MODEL_HPP
+
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace accel {
+
+/// Options of Accelerator::save_model.
+struct SaveModelOptions {
+  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
+  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
+  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
+  /// a shard of its own.
+  std::string max_shard_size = "10GB";
+};
+
+}  // namespace accel
+
+namespace accel::checkpoint {
+
+inline constexpr std::string_view kModelFile = "model.safetensors";
+inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
+
+/// Bytes meant by a size string such as "10GB" (see SaveModelOptions).
+inline std::uint64_t parse_size(std::string_view text) {
+  const auto bad = [&](const char* why) {
+    return Error(accel::detail::concat("accel: max_shard_size '", text, "' ", why,
+                                       ". Write a positive size such as \"10GB\", \"500MB\", "
+                                       "\"2GiB\" or a number of bytes."));
+  };
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const auto ends_with_ci = [&](std::string_view suffix) {
+    if (s.size() < suffix.size()) return false;
+    for (std::size_t i = 0; i < suffix.size(); ++i)
+      if (std::toupper(static_cast<unsigned char>(s[s.size() - suffix.size() + i])) != suffix[i])
+        return false;
+    return true;
+  };
+  long double unit = 1;
+  std::size_t unit_len = 0;
+  static constexpr std::pair<std::string_view, long double> kUnits[] = {
+      {"GIB", 1073741824.0L}, {"MIB", 1048576.0L}, {"KIB", 1024.0L},
+      {"GB", 1e9L}, {"MB", 1e6L}, {"KB", 1e3L}};
+  for (const auto& [suffix, factor] : kUnits) {
+    if (ends_with_ci(suffix)) {
+      unit = factor;
+      unit_len = suffix.size();
+      break;
+    }
+  }
+  const bool bits = unit_len == 2 && s.back() == 'b';  // Accelerate: "Gb" etc. are bits
+  std::string_view number = s.substr(0, s.size() - unit_len);
+  while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back())))
+    number.remove_suffix(1);
+  // Digits with at most one decimal point: no sign, exponent, inf or nan.
+  long double value = 0, scale = 1;
+  bool digits = false, point = false;
+  for (const char c : number) {
+    if (c == '.' && !point && unit_len != 0) {
+      point = true;
+    } else if (c >= '0' && c <= '9') {
+      digits = true;
+      if (point) value += (scale /= 10) * (c - '0');
+      else value = value * 10 + (c - '0');
+    } else {
+      throw bad("is not a size");
+    }
+  }
+  if (!digits) throw bad("is not a size");
+  long double bytes = value * unit;
+  if (bits) bytes /= 8;
+  if (bytes >= 9.2e18L) throw bad("is too large");
+  const auto result = static_cast<std::uint64_t>(bytes);
+  if (result == 0) throw bad("is zero");
+  return result;
+}
+
+/// The module's parameters and buffers under the names the module gives them
+/// ("0.weight" in a Sequential), in state_dict order: each module's own
+/// parameters, then its buffers, then its children.
+inline NamedTensors module_state(const torch::nn::Module& module) {
+  NamedTensors out;
+  module.apply(torch::nn::Module::ConstNamedModuleApplyFunction(
+      [&](const std::string& prefix, const torch::nn::Module& m) {
+        const auto add = [&](const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+          for (const auto& item : dict)
+            if (item.value().defined())
+              out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(),
+                               item.value());
+        };
+        add(m.named_parameters(/*recurse=*/false));
+        add(m.named_buffers(/*recurse=*/false));
+      }));
+  return out;
+}
+
+namespace detail {
+
+/// "model-00001-of-00003.safetensors"
+inline std::string shard_name(std::size_t index, std::size_t count) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "model-%05zu-of-%05zu.safetensors", index, count);
+  return buffer;
+}
+
+inline bool is_shard_name(std::string_view name) {
+  if (name.size() != shard_name(1, 1).size()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const bool digit_slot = (i >= 6 && i < 11) || (i >= 15 && i < 20);
+    const char expected = shard_name(1, 1)[i];
+    if (digit_slot ? !std::isdigit(static_cast<unsigned char>(name[i])) : name[i] != expected)
+      return false;
+  }
+  return true;
+}
+
+/// Greedy split in key order, as Accelerate/Hugging Face: a new shard starts
+/// when the next tensor would push the current one past `limit` (a tensor
+/// larger than the limit thus gets its own shard); a tensor tied to an earlier
+/// one costs nothing and joins that one's shard, where it is saved once.
+inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::uint64_t limit,
+                                              std::uint64_t& total_size) {
+  std::vector<NamedTensors> shards(1);
+  std::vector<std::pair<const torch::Tensor*, std::size_t>> owners;  // stored tensor -> shard
+  std::uint64_t current = 0;
+  total_size = 0;
+  for (const auto& entry : state) {
+    const auto tied = std::find_if(owners.begin(), owners.end(), [&](const auto& o) {
+      return checkpoint::detail::same_view(*o.first, entry.second);
+    });
+    if (tied != owners.end()) {
+      shards[tied->second].push_back(entry);
+      continue;
+    }
+    const auto bytes =
+        static_cast<std::uint64_t>(entry.second.numel()) * entry.second.element_size();
+    if (current + bytes > limit && !shards.back().empty()) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(entry);
+    owners.emplace_back(&entry.second, shards.size() - 1);
+    current += bytes;
+    total_size += bytes;
+  }
+  return shards;
+}
+
+inline std::string read_small_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail_io("read", path, ec.value());
+  ACCEL_CHECK(size <= checkpoint::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
+              "' has ", size, " bytes, more than an index can need. Check the file.");
+  std::string text(static_cast<std::size_t>(size), '\0');
+  checkpoint::detail::ReadFile(path).read_at(0, text.data(), text.size());
+  return text;
+}
+
+/// Tensors of a Hugging Face index and its shards, checked against each other.
+inline NamedTensors load_index(const std::filesystem::path& index_path) {
+  const std::string source = index_path.string();
+  const auto fail = [&](const std::string& problem) -> Error {
+    return Error("accel: invalid safetensors index '" + source + "': " + problem +
+                 ". Save the model again.");
+  };
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_small_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("it is not valid JSON (") + e.what() + ")");
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw fail("it has no \"weight_map\" object");
+  std::vector<std::string> files;  // in order of first mention
+  std::map<std::string, std::string> where;
+  for (const auto& [key, file] : index["weight_map"].items()) {
+    if (!file.is_string()) throw fail("the entry of '" + key + "' is not a file name");
+    const std::string name = file.get<std::string>();
+    // Only plain names in the index's directory: an index must not reach elsewhere.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      throw fail("the file name '" + name + "' of '" + key + "' is not a plain file name");
+    if (std::find(files.begin(), files.end(), name) == files.end()) files.push_back(name);
+    where.emplace(key, name);
+  }
+  NamedTensors out;
+  std::map<std::string, std::string> found;  // tensor -> file it came from
+  for (const auto& name : files) {
+    for (auto& entry : read_safetensors(index_path.parent_path() / name).tensors) {
+      if (!found.emplace(entry.first, name).second)
+        throw fail("tensor '" + entry.first + "' is in both '" + found[entry.first] + "' and '" +
+                   name + "'");
+      out.push_back(std::move(entry));
+    }
+  }
+  for (const auto& [key, file] : where)
+    if (found.count(key) == 0 || found[key] != file)
+      throw fail("it places '" + key + "' in '" + file + "', which does not hold it");
+  return out;
+}
+
+inline std::string list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return "[" + out + "]";
+}
+
+}  // namespace detail
+
+/// Every tensor of a checkpoint: a directory (holding model.safetensors or
+/// model.safetensors.index.json), a .safetensors file or an index file.
+inline NamedTensors load_checkpoint(const std::filesystem::path& dir_or_file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(dir_or_file, ec)) {
+    if (fs::exists(dir_or_file / kModelFile, ec)) return load_safetensors(dir_or_file / kModelFile);
+    if (fs::exists(dir_or_file / kIndexFile, ec)) return detail::load_index(dir_or_file / kIndexFile);
+    throw Error("accel: directory '" + dir_or_file.string() + "' holds neither " +
+                std::string(kModelFile) + " nor " + std::string(kIndexFile) +
+                ". Pass the directory save_model wrote to, or a .safetensors file.");
+  }
+  const std::string name = dir_or_file.filename().string();
+  if (name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0)
+    return detail::load_index(dir_or_file);
+  return load_safetensors(dir_or_file);
+}
+
+/// Saves module's parameters and buffers to dir (created if needed): one
+/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
+/// model.safetensors.index.json when they exceed options.max_shard_size.
+/// Tied tensors are saved once; stale shards of an earlier save are removed.
+inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
+                        const SaveModelOptions& options = {}) {
+  namespace fs = std::filesystem;
+  const std::uint64_t limit = parse_size(options.max_shard_size);
+  std::uint64_t total_size = 0;
+  const auto shards = detail::split_shards(module_state(module), limit, total_size);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error("accel: cannot create the checkpoint directory '" + dir.string() + "': " +
+                ec.message() + ". Pass a directory path that can be written.");
+
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    save_safetensors(dir / kModelFile, shards[0]);
+    written.insert(std::string(kModelFile));
+  } else {
+    nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                            {"weight_map", nlohmann::json::object()}};
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string name = detail::shard_name(i + 1, shards.size());
+      save_safetensors(dir / name, shards[i]);
+      written.insert(name);
+      // Only stored tensors, as Hugging Face lists them; tied names live in
+      // the shard's metadata.
+      for (const auto& entry : shards[i]) {
+        const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
+          return checkpoint::detail::same_view(e.second, entry.second);
+        });
+        if (owner == shards[i].end() || owner->first == entry.first)
+          index["weight_map"][entry.first] = name;
+      }
+    }
+    checkpoint::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
+    written.insert(std::string(kIndexFile));
+  }
+  // Files of an earlier save that this one did not rewrite would mix two
+  // models at load time.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name);
+    if (ours && written.count(name) == 0 && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
+  }
+}
+
+/// Copies a checkpoint (see load_checkpoint) into module's existing
+/// parameters and buffers. Missing or unexpected keys, or a shape or dtype
+/// that differs, throw accel::Error listing every such key, before anything
+/// is copied: the module is then left as it was.
+inline void load_module(torch::nn::Module& module, const std::filesystem::path& dir_or_file) {
+  const NamedTensors loaded = load_checkpoint(dir_or_file);
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  const NamedTensors targets = module_state(module);
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [key, target] : targets) {
+    expected.insert(key);
+    const auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream why;
+      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes()
+          << ", module " << target.scalar_type() << target.sizes() << ")";
+      mismatched.push_back(why.str());
+    }
+  }
+  for (const auto& [key, tensor] : loaded)
+    if (expected.count(key) == 0) unexpected.push_back(key);
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string problem;
+    if (!missing.empty()) problem += "; missing keys " + detail::list(missing);
+    if (!unexpected.empty()) problem += "; unexpected keys " + detail::list(unexpected);
+    if (!mismatched.empty()) problem += "; mismatched keys " + detail::list(mismatched);
+    throw Error("accel: cannot load '" + dir_or_file.string() + "' into the module" + problem +
+                ". Nothing was loaded: load a checkpoint saved from the same model.");
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, target] : targets) {
+    torch::Tensor t = target;  // shares the module's tensor
+    t.copy_(by_name.at(key));
+  }
+}
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_SAVE_MODEL_HPP
+// end <accel/checkpoint/save_model.hpp>
+
+#endif  // ACCEL_CHECKPOINT_HPP
+// end <accel/checkpoint.hpp>
+// begin <accel/launch.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the launch area's public surface: accel::LaunchOptions and
+/// accel::notebook_launcher / accel::launch (fork-based, one node at a time),
+/// and the config file of the `accel` command (accel::LaunchConfig,
+/// read_config_file, write_basic_config, default_config_path).
+#ifndef ACCEL_LAUNCH_HPP
+#define ACCEL_LAUNCH_HPP
+
+// begin <accel/launch/config_file.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::LaunchConfig and the config file it is read from and
+/// written to: default_config_path(), read_config_file(), write_config_file(),
+/// write_basic_config(). The keys are Accelerate's, so an existing
+/// `accelerate config` file is read as it is.
+#ifndef ACCEL_LAUNCH_CONFIG_FILE_HPP
+#define ACCEL_LAUNCH_CONFIG_FILE_HPP
+
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+// begin <accel/launch/detail/config_keys.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the typed, line-aware reading of config file values and the
+/// list of Accelerate keys accel accepts but ignores (config_file.hpp uses them).
+#ifndef ACCEL_LAUNCH_DETAIL_CONFIG_KEYS_HPP
+#define ACCEL_LAUNCH_DETAIL_CONFIG_KEYS_HPP
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+
+namespace accel::detail {
+
+/// Converts one value; every failure names file, line, key, what was found and
+/// what is allowed.
+struct ConfigReader {
+  std::string file;
+  std::vector<std::string>& warnings;
+
+  static int line_of(const YAML::Node& v) { return v.Mark().line + 1; }
+
+  static std::string shown(const YAML::Node& v) {
+    if (v.IsScalar()) return "'" + v.Scalar() + "'";
+    if (v.IsSequence()) return "a list";
+    if (v.IsMap()) return "a mapping";
+    return "nothing";
+  }
+
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& v, const std::string& found,
+                         const std::string& allowed) const {
+    throw ConfigError("accel: " + file + ":" + std::to_string(line_of(v)) + ": key '" + key +
+                      "' " + found + ". Use " + allowed + ".");
+  }
+
+  void warn(const std::string& key, int line, const std::string& why) {
+    warnings.push_back("accel: warning: " + file + ":" + std::to_string(line) + ": key '" + key +
+                       "': " + why + ".");
+  }
+
+  std::string choice(const std::string& key, const YAML::Node& v,
+                     std::initializer_list<std::string_view> allowed) const {
+    std::string list;
+    for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    if (!v.IsScalar()) fail(key, v, "is " + shown(v), "one of: " + list);
+    const std::string s = v.Scalar();
+    if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
+      fail(key, v, "has the value '" + s + "', which is not allowed", "one of: " + list);
+    return s;
+  }
+
+  bool boolean(const std::string& key, const YAML::Node& v) const {
+    bool b = false;
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
+      fail(key, v, "is " + shown(v) + ", not a boolean", "true or false (yes/no also accepted)");
+    return b;
+  }
+
+  int integer(const std::string& key, const YAML::Node& v, int lo, int hi) const {
+    const std::string range = "a whole number in [" + std::to_string(lo) + ", " +
+                              std::to_string(hi) + "]";
+    long long n = 0;
+    if (!v.IsScalar() || !YAML::convert<long long>::decode(v, n))
+      fail(key, v, "is " + shown(v) + ", not a whole number", range);
+    if (n < lo || n > hi) fail(key, v, "is " + std::to_string(n) + ", out of range", range);
+    return static_cast<int>(n);
+  }
+
+  std::string string(const std::string& key, const YAML::Node& v) const {
+    if (!v.IsScalar()) fail(key, v, "is " + shown(v) + ", not a single value", "a string");
+    return v.Scalar();
+  }
+};
+
+/// Keys of Accelerate features accel does not have (TPU, DeepSpeed, FSDP,
+/// SageMaker, ...): accepted so that an Accelerate file reads as it is.
+inline bool is_ignored_accelerate_key(std::string_view key) {
+  static constexpr std::array<std::string_view, 26> names{
+      "deepspeed_config", "fsdp_config", "megatron_lm_config", "fp8_config", "parallelism_config",
+      "mpirun_config", "dynamo_config", "ipex_config", "commands", "command_file",
+      "use_mps_device", "ipex", "use_xpu", "mpirun_hostfile", "ec2_instance_type",
+      "iam_role_name", "image_uri", "profile", "region", "py_version", "pytorch_version",
+      "transformers_version", "success_message", "base_job_name", "sagemaker_inputs_file",
+      "sagemaker_metrics_file"};
+  return key.rfind("tpu_", 0) == 0 || key == "additional_args" ||
+         std::find(names.begin(), names.end(), key) != names.end();
+}
+
+/// True for values that ask for nothing (null, false, empty, or a mapping of
+/// such): an ignored key holding one of them is not worth a warning.
+inline bool is_trivial(const YAML::Node& v) {
+  if (v.IsNull()) return true;
+  if (v.IsScalar()) {
+    bool b = true;
+    return v.Scalar().empty() || (YAML::convert<bool>::decode(v, b) && !b);
+  }
+  if (v.IsSequence()) return v.size() == 0;
+  for (const auto& kv : v)
+    if (!is_trivial(kv.second)) return false;
+  return true;
+}
+
+/// Writes a whole file, creating its parent directories.
+inline void write_text(const std::filesystem::path& path, const std::string& text) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out)
+    throw Error("accel: cannot write " + path.string() +
+                ". Check that the directory is writable or pass another path.");
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_LAUNCH_DETAIL_CONFIG_KEYS_HPP
+// end <accel/launch/detail/config_keys.hpp>
+
+#if ACCEL_WITH_CUDA
+#include <torch/cuda.h>
+#endif
+
+namespace accel {
+
+/// How the processes of a launch are laid out (Accelerate's distributed_type).
+/// DEEPSPEED, FSDP and MEGATRON_LM are read as MultiGpu with a warning.
+enum class DistributedType { No, MultiCpu, MultiGpu };
+
+inline const char* distributed_type_name(DistributedType t) {
+  switch (t) {
+    case DistributedType::MultiCpu: return "MULTI_CPU";
+    case DistributedType::MultiGpu: return "MULTI_GPU";
+    default: return "NO";
+  }
+}
+
+/// The contents of a config file. Defaults are Accelerate's ClusterConfig ones.
+struct LaunchConfig {
+  std::string compute_environment = "LOCAL_MACHINE";
+  DistributedType distributed_type = DistributedType::No;
+  std::optional<std::string> backend;  ///< accel's own key: gloo | mpi | nccl
+  std::string mixed_precision = "no";  ///< no | fp16 | bf16
+  bool use_cpu = false;
+  bool debug = false;                  ///< exported as ACCEL_DEBUG_MODE=yes
+  std::optional<int> num_processes;    ///< total over all machines; unset (or -1): default
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::optional<std::string> main_process_ip;
+  std::optional<int> main_process_port;
+  std::string rdzv_backend = "static";
+  bool same_network = false;
+  std::string main_training_function = "main";
+  bool enable_cpu_affinity = false;
+  bool downcast_bf16 = false;
+  std::optional<std::string> gpu_ids;  ///< "all" or "0,1,..."
+  int gradient_accumulation_steps = 1;
+
+  std::filesystem::path source;        ///< the file it was read from (empty: defaults)
+  std::vector<std::string> warnings;   ///< unknown and ignored keys, one message each
+};
+
+namespace detail {
+/// The keys a file holds for `c`: Accelerate's, plus accel's `backend` when set.
+inline nlohmann::json to_json(const LaunchConfig& c) {
+  nlohmann::json j;
+  j["compute_environment"] = c.compute_environment;
+  j["debug"] = c.debug;
+  j["distributed_type"] = distributed_type_name(c.distributed_type);
+  j["downcast_bf16"] = c.downcast_bf16;
+  j["enable_cpu_affinity"] = c.enable_cpu_affinity;
+  j["machine_rank"] = c.machine_rank;
+  j["main_training_function"] = c.main_training_function;
+  j["mixed_precision"] = c.mixed_precision;
+  j["num_machines"] = c.num_machines;
+  j["num_processes"] = c.num_processes.value_or(-1);
+  j["rdzv_backend"] = c.rdzv_backend;
+  j["same_network"] = c.same_network;
+  j["use_cpu"] = c.use_cpu;
+  if (c.backend) j["backend"] = *c.backend;
+  if (c.gpu_ids) j["gpu_ids"] = *c.gpu_ids;
+  if (c.main_process_ip) j["main_process_ip"] = *c.main_process_ip;
+  if (c.main_process_port) j["main_process_port"] = *c.main_process_port;
+  if (c.gradient_accumulation_steps != 1)
+    j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  return j;
+}
+}  // namespace detail
+
+/// Where the config file lives: $ACCEL_CONFIG_FILE, else
+/// $XDG_CONFIG_HOME/accel/default_config.yaml, else ~/.config/accel/default_config.yaml.
+inline std::filesystem::path default_config_path() {
+  auto env = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+  };
+  if (auto f = env("ACCEL_CONFIG_FILE")) return *f;
+  std::filesystem::path base;
+  if (auto x = env("XDG_CONFIG_HOME")) {
+    base = *x;
+  } else if (auto h = env("HOME")) {
+    base = std::filesystem::path(*h) / ".config";
+  } else {
+    throw ConfigError(
+        "accel: cannot find a config directory: none of ACCEL_CONFIG_FILE, XDG_CONFIG_HOME, HOME "
+        "is set. Set ACCEL_CONFIG_FILE or pass a path.");
+  }
+  return base / "accel" / "default_config.yaml";
+}
+
+/// Where `accelerate config` saves its file: $HF_HOME/accelerate/default_config.yaml,
+/// HF_HOME defaulting to ${XDG_CACHE_HOME:-~/.cache}/huggingface.
+inline std::optional<std::filesystem::path> accelerate_config_path() {
+  auto env = [](const char* name) -> std::optional<std::filesystem::path> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::filesystem::path(v);
+  };
+  std::optional<std::filesystem::path> hf = env("HF_HOME");
+  if (!hf) {
+    if (auto cache = env("XDG_CACHE_HOME")) hf = *cache / "huggingface";
+    else if (auto home = env("HOME")) hf = *home / ".cache" / "huggingface";
+    else return std::nullopt;
+  }
+  return *hf / "accelerate" / "default_config.yaml";
+}
+
+/// The file `accel launch` and `accel env` use when given none:
+/// default_config_path() when it exists, else Accelerate's own file when that
+/// exists (so a machine set up with `accelerate config` needs nothing more),
+/// else nullopt (built-in defaults).
+inline std::optional<std::filesystem::path> config_file_in_effect() {
+  if (auto own = default_config_path(); std::filesystem::exists(own)) return own;
+  if (auto theirs = accelerate_config_path(); theirs && std::filesystem::exists(*theirs))
+    return theirs;
+  return std::nullopt;
+}
+
+/// Reads a YAML (or JSON: Accelerate writes JSON into .yaml files) config file.
+/// Unknown keys and keys of features accel does not have are warnings
+/// (collected in .warnings and written to `warn` unless it is null); a wrong
+/// type or value is a ConfigError naming the key, its line and what is allowed.
+inline LaunchConfig read_config_file(const std::filesystem::path& path,
+                                     std::ostream* warn = &std::cerr) {
+  if (!std::filesystem::exists(path))
+    throw ConfigError("accel: config file " + path.string() +
+                      " does not exist. Run `accel config` to create it or pass another path.");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path.string());
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("accel: " + path.string() + ":" + std::to_string(e.mark.line + 1) +
+                      ": not valid YAML or JSON (" + e.msg + "). Fix the file or run `accel config`.");
+  }
+  LaunchConfig c;
+  c.source = path;
+  if (root.IsNull()) return c;  // an empty file: all defaults
+  if (!root.IsMap())
+    throw ConfigError("accel: " + path.string() +
+                      ": the top level must be a mapping of keys to values. Run `accel config` to "
+                      "write a valid file.");
+  detail::ConfigReader r{path.string(), c.warnings};
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    const int line = kv.first.Mark().line + 1;
+    if (v.IsNull()) continue;  // Accelerate drops None values; a null means "unset"
+    if (key == "compute_environment") {
+      c.compute_environment = r.choice(key, v, {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"});
+      if (c.compute_environment != "LOCAL_MACHINE")
+        r.warn(key, line, "accel runs on the local machine only; the value is ignored");
+    } else if (key == "distributed_type") {
+      const std::string t = r.choice(key, v, {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP",
+                                              "MEGATRON_LM"});
+      if (t == "NO") c.distributed_type = DistributedType::No;
+      else if (t == "MULTI_CPU") c.distributed_type = DistributedType::MultiCpu;
+      else {
+        c.distributed_type = DistributedType::MultiGpu;
+        if (t != "MULTI_GPU")
+          r.warn(key, line, "accel does not support " + t + "; it is read as MULTI_GPU");
+      }
+    } else if (key == "backend") {
+      c.backend = r.choice(key, v, {"gloo", "mpi", "nccl"});
+    } else if (key == "mixed_precision") {
+      c.mixed_precision = r.choice(key, v, {"no", "fp16", "bf16"});
+    } else if (key == "use_cpu") {
+      c.use_cpu = r.boolean(key, v);
+    } else if (key == "debug") {
+      c.debug = r.boolean(key, v);
+    } else if (key == "num_processes") {
+      const int n = r.integer(key, v, -1, 1 << 20);
+      if (n == 0) r.fail(key, v, "is 0", "a positive number of processes (or -1 for the default)");
+      c.num_processes = n < 0 ? std::nullopt : std::optional<int>(n);
+    } else if (key == "num_machines") {
+      c.num_machines = r.integer(key, v, 1, 1 << 16);
+    } else if (key == "machine_rank") {
+      c.machine_rank = r.integer(key, v, 0, (1 << 16) - 1);
+    } else if (key == "main_process_ip") {
+      c.main_process_ip = r.string(key, v);
+    } else if (key == "main_process_port") {
+      c.main_process_port = r.integer(key, v, 0, 65535);
+    } else if (key == "rdzv_backend") {
+      c.rdzv_backend = r.choice(key, v, {"static", "c10d", "etcd", "etcd-v2"});
+      if (c.rdzv_backend != "static")
+        r.warn(key, line, "accel always uses a static rendezvous (c10d TCPStore at main_process_ip:"
+                          "main_process_port)");
+    } else if (key == "same_network") {
+      c.same_network = r.boolean(key, v);
+    } else if (key == "main_training_function") {
+      c.main_training_function = r.string(key, v);
+    } else if (key == "enable_cpu_affinity") {
+      c.enable_cpu_affinity = r.boolean(key, v);
+    } else if (key == "downcast_bf16") {
+      c.downcast_bf16 = r.boolean(key, v);  // Accelerate writes 'no' as a string
+    } else if (key == "gpu_ids") {
+      c.gpu_ids = r.string(key, v);
+    } else if (key == "gradient_accumulation_steps") {
+      c.gradient_accumulation_steps = r.integer(key, v, 1, 1 << 30);
+    } else if (detail::is_ignored_accelerate_key(key)) {
+      if (!detail::is_trivial(v))
+        r.warn(key, line, "accel does not support this Accelerate feature; the key is ignored");
+    } else {
+      r.warn(key, line, "unknown key, ignored. Check its spelling (keys are Accelerate's)");
+    }
+  }
+  if (c.machine_rank >= c.num_machines)
+    throw ConfigError("accel: " + path.string() + ": machine_rank " +
+                      std::to_string(c.machine_rank) + " is not below num_machines " +
+                      std::to_string(c.num_machines) + ". Use a machine_rank in [0, num_machines).");
+  if (warn != nullptr)
+    for (const auto& w : c.warnings) *warn << w << '\n';
+  return c;
+}
+
+/// Writes `c` as YAML (sorted keys, Accelerate's names; accel's `backend` only
+/// when set), creating parent directories and replacing an existing file.
+inline void write_config_file(const LaunchConfig& c, const std::filesystem::path& path) {
+  nlohmann::json j = detail::to_json(c);
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& [k, v] : j.items()) {  // nlohmann::json keeps keys sorted
+    out << YAML::Key << k << YAML::Value;
+    if (v.is_boolean()) out << v.get<bool>();
+    else if (v.is_number_integer()) out << v.get<int>();
+    else out << v.get<std::string>();
+  }
+  out << YAML::EndMap;
+  detail::write_text(path, std::string(out.c_str()) + "\n");
+}
+
+/// Writes the basic config Accelerate's write_basic_config writes (JSON, sorted
+/// keys, two-space indent, into the .yaml path): all CUDA devices of this
+/// machine when the build has CUDA, else one CPU process. An existing file is
+/// left alone (a note on stderr says so). Throws ConfigError for a
+/// mixed_precision other than no, fp16, bf16.
+inline void write_basic_config(std::string_view mixed_precision = "no",
+                               std::optional<std::filesystem::path> path = {}) {
+  std::string mp(mixed_precision);
+  for (auto& ch : mp) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (mp != "no" && mp != "fp16" && mp != "bf16")
+    throw ConfigError("accel: mixed_precision '" + std::string(mixed_precision) +
+                      "' is not supported. Use one of: no, fp16, bf16.");
+  const std::filesystem::path where = path ? *path : default_config_path();
+  if (std::filesystem::exists(where)) {
+    std::cerr << "accel: configuration already exists at " << where.string()
+              << ", will not override. Run `accel config` or pass another path.\n";
+    return;
+  }
+  LaunchConfig c;
+  c.mixed_precision = mp;
+  c.use_cpu = true;
+  c.num_processes = 1;
+#if ACCEL_WITH_CUDA
+  if (const int gpus = static_cast<int>(torch::cuda::device_count()); gpus > 0) {
+    c.use_cpu = false;
+    c.num_processes = gpus;
+    c.distributed_type = gpus > 1 ? DistributedType::MultiGpu : DistributedType::No;
+  }
+#endif
+  nlohmann::json j = detail::to_json(c);
+  j["tpu_use_cluster"] = false;  // Accelerate's ClusterConfig writes these defaults too
+  j["tpu_use_sudo"] = false;
+  detail::write_text(where, j.dump(2) + "\n");
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_LAUNCH_CONFIG_FILE_HPP
+// end <accel/launch/config_file.hpp>
+// begin <accel/launch/launch_options.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::LaunchOptions, what notebook_launcher (and the `accel
+/// launch` command) needs to know to start the processes of one node.
+#ifndef ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP
+#define ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace accel {
+
+/// Where and how many workers to start. The first six fields are the API.md
+/// contract; the ones after them are accel extensions with neutral defaults.
+struct LaunchOptions {
+  int num_processes = 1;  ///< workers on this node
+  int num_nodes = 1;      ///< nodes taking part (each runs its own launcher)
+  int node_rank = 0;      ///< this node's index, 0 .. num_nodes-1
+  std::string master_addr = "127.0.0.1";  ///< rendezvous host (node 0)
+  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (single node only)
+  std::chrono::seconds timeout{1800};  ///< bound on the whole launch
+
+  /// Exported as ACCEL_MIXED_PRECISION ("no", "fp16", "bf16") when set.
+  std::optional<std::string> mixed_precision = std::nullopt;
+  /// Prefix each worker's output lines with "[rank N] " (captured through pipes).
+  bool prefix_output = false;
+  /// Between SIGTERM and SIGKILL when the other workers are stopped.
+  std::chrono::milliseconds stop_grace{std::chrono::seconds{5}};
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_LAUNCH_LAUNCH_OPTIONS_HPP
+// end <accel/launch/launch_options.hpp>
+// begin <accel/launch/notebook_launcher.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::notebook_launcher (also named accel::launch): run a
+/// function in num_processes forked workers of this node, as Accelerate's
+/// notebook_launcher does, and fail loudly and completely when one fails.
+#ifndef ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
+#define ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <exception>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+// begin <accel/launch/detail/posix.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the small POSIX helpers the launcher is built on: owned file
+/// descriptors, pipes, signal names, CPU count, scoped environment variables.
+#ifndef ACCEL_LAUNCH_DETAIL_POSIX_HPP
+#define ACCEL_LAUNCH_DETAIL_POSIX_HPP
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+namespace accel::detail::launch {
+
+/// Environment variables to set in a worker, in order (later entries win).
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+/// An owned file descriptor (closed on destruction, movable).
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  bool valid() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// A close-on-exec pipe; `read` is non-blocking because the parent multiplexes
+/// many of them with poll() and must never block on one.
+struct Pipe {
+  Fd read;
+  Fd write;
+
+  static Pipe make() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+      throw Error(std::string("accel: cannot create a pipe for a worker (") + std::strerror(errno) +
+                  "). Raise the open-file limit (ulimit -n) or launch fewer processes.");
+    Pipe p{Fd(fds[0]), Fd(fds[1])};
+    ::fcntl(p.read.get(), F_SETFL, ::fcntl(p.read.get(), F_GETFL) | O_NONBLOCK);
+    return p;
+  }
+};
+
+/// Writes all of `data` to `fd`, retrying on EINTR and short writes.
+/// Async-signal-safe (used in forked children before exit).
+inline void write_all(int fd, const char* data, std::size_t size) noexcept {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+/// Reads what is available on a non-blocking fd into `out`.
+/// Returns false once the writer side is closed (EOF) or the fd failed.
+inline bool read_available(int fd, std::string& out) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+/// "SIGSEGV" for 11 and so on; the names users see in crash reports.
+inline std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+/// CPUs this process may run on (its affinity mask: what taskset, cgroups
+/// cpusets and Slurm allow), not the machine's total.
+inline int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+/// Parses a positive integer environment variable; nullopt when unset/invalid.
+inline std::optional<int> positive_env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || n < 1 || n > 1 << 20) return std::nullopt;
+  return static_cast<int>(n);
+}
+
+/// Truthy flag values, as Accelerate's parse_flag_from_env: y, yes, t, true, on, 1.
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
+}
+
+/// Sets variables for a scope and puts back the previous values (or unsets
+/// them) on destruction, also when an exception leaves the scope.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const EnvList& vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      ::setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    // Reverse order so a key listed twice ends with its original value.
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second)
+        ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        ::unsetenv(it->first.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+/// While alive, SIGINT, SIGTERM and SIGHUP sent to this process do not kill it
+/// but are recorded and wake up poll() through a self-pipe, so the launcher can
+/// stop its workers first. The previous handlers are restored on destruction.
+/// Only one guard is active at a time; a nested one does nothing.
+class StopSignalGuard {
+ public:
+  StopSignalGuard() {
+    if (active().exchange(true)) return;
+    owner_ = true;
+    pipe_ = Pipe::make();
+    ::fcntl(pipe_.write.get(), F_SETFL, ::fcntl(pipe_.write.get(), F_GETFL) | O_NONBLOCK);
+    caught() = 0;
+    write_fd().store(pipe_.write.get());
+    struct sigaction sa {};
+    sa.sa_handler = &StopSignalGuard::on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+  ~StopSignalGuard() {
+    if (!owner_) return;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    write_fd().store(-1);
+    active().store(false);
+  }
+
+  /// The fd that becomes readable when a signal arrived (-1 when not the owner).
+  int fd() const noexcept { return owner_ ? pipe_.read.get() : -1; }
+  /// The first signal received since construction, 0 if none.
+  static int received() noexcept { return caught(); }
+  /// In a forked child: the parent's guard is not the child's, so a launcher
+  /// started inside a worker can install its own.
+  static void forget_after_fork() noexcept {
+    write_fd().store(-1);
+    active().store(false);
+    caught() = 0;
+  }
+
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+
+ private:
+  static void on_signal(int sig) {
+    int saved = errno;
+    if (caught() == 0) caught() = sig;
+    int fd = write_fd().load();
+    if (fd >= 0) {
+      char c = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &c, 1);
+    }
+    errno = saved;
+  }
+  static std::atomic<bool>& active() {
+    static std::atomic<bool> a{false};
+    return a;
+  }
+  static std::atomic<int>& write_fd() {
+    static std::atomic<int> fd{-1};
+    return fd;
+  }
+  static volatile std::sig_atomic_t& caught() {
+    static volatile std::sig_atomic_t sig = 0;
+    return sig;
+  }
+
+  bool owner_ = false;
+  Pipe pipe_;
+  std::array<struct sigaction, kSignals.size()> old_{};
+};
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_POSIX_HPP
+// end <accel/launch/detail/posix.hpp>
+// begin <accel/launch/detail/rank_env.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines what any accel launcher decides before starting workers: the
+/// option checks, each worker's rank variables, its thread count, free ports,
+/// the CUDA-before-fork check and the ACCEL_DEBUG_MODE worker check. Free of
+/// LibTorch so that the `accel` command can use it too.
+#ifndef ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+#define ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+// begin <accel/launch/detail/ports.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines free-port selection and the "is this port taken" check used
+/// before a rendezvous is hosted on main_process_port.
+#ifndef ACCEL_LAUNCH_DETAIL_PORTS_HPP
+#define ACCEL_LAUNCH_DETAIL_PORTS_HPP
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+
+namespace accel::detail {
+
+/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
+/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
+/// or -errno.
+inline int bind_tcp(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  // An address of this machine we cannot bind to (a hostname, another host's
+  // address) still tells us whether the port is free on all interfaces.
+  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  }
+  if (rc != 0 || ::listen(fd, 1) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+/// A port that is free on addr now (the kernel's choice for port 0). Another
+/// process may take it before we use it; the window is short.
+inline int pick_free_port(const std::string& addr = "127.0.0.1") {
+  const int fd = bind_tcp(addr, 0);
+  if (fd < 0)
+    throw Error("accel: cannot find a free port on " + addr + " (" + std::strerror(-fd) +
+                "). Pass a fixed --main_process_port.");
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  if (rc != 0)
+    throw Error("accel: cannot read back the free port chosen on " + addr +
+                ". Pass a fixed --main_process_port.");
+  return ntohs(sa.sin_port);
+}
+
+/// Throws when addr:port cannot be listened on because something holds it.
+inline void ensure_port_free(const std::string& addr, int port) {
+  const int fd = bind_tcp(addr, port);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  if (fd == -EADDRINUSE)
+    throw Error("accel: port " + std::to_string(port) + " on " + addr +
+                " is already in use. Pick another --main_process_port, or pass "
+                "--main_process_port 0 to let accel choose a free one.");
+  if (fd == -EACCES)
+    throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
+                "a --main_process_port above 1023, or 0 to let accel choose.");
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
+// end <accel/launch/detail/ports.hpp>
+
+namespace accel::detail::launch {
+
+/// Throws accel::Error when the options cannot describe a launch.
+inline void validate(const LaunchOptions& o) {
+  ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
+              ". Launch at least 1 process.");
+  ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
+  ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
+              " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
+              "). Give every node a distinct node_rank below num_nodes.");
+  ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
+              " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
+  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1, "accel: master_port 0 (pick a free port) ",
+              "cannot be used with num_nodes = ", o.num_nodes,
+              ", because the other nodes cannot learn the port. Pass the same fixed master_port "
+              "on every node.");
+  ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
+              "address of node 0 (\"127.0.0.1\" on one machine).");
+  ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
+              " s. Give a positive timeout.");
+  if (o.mixed_precision) {
+    const auto& m = *o.mixed_precision;
+    ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
+                "' is unknown. Use \"no\", \"fp16\" or \"bf16\".");
+  }
+}
+
+/// The torchrun-style variables of the worker `local_rank` on this node.
+/// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
+  EnvList env{
+      {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
+      {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.num_processes)},
+      {"NODE_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+  };
+  if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  return env;
+}
+
+/// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
+/// (the user's choice wins), else max(1, cores / local workers).
+inline int threads_per_worker(int local_workers, int cores = available_cores()) {
+  if (auto n = positive_env_int("OMP_NUM_THREADS")) return *n;
+  return std::max(1, cores / std::max(1, local_workers));
+}
+
+/// Resolves host to an IPv4 address (the rendezvous store listens on IPv4).
+inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  ACCEL_CHECK(rc == 0 && res != nullptr, "accel: cannot resolve master_addr '", host, "' (",
+              ::gai_strerror(rc), "). Give an IP address or a host name this machine can resolve.");
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  ::freeaddrinfo(res);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
+/// -1 with errno set when it is taken.
+inline int try_bind(const std::string& host, int port) {
+  const int fd = accel::detail::bind_tcp(host, port);
+  if (fd < 0) {
+    errno = -fd;
+    return -1;
+  }
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return rc == 0 ? ntohs(addr.sin_port) : -1;
+}
+
+/// A port on host that is free now (the kernel's choice). It is released before
+/// the workers start, so another program could take it in between: rare, and
+/// the rendezvous then fails with the port in its message.
+using accel::detail::pick_free_port;
+
+/// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
+/// the CUDA runtime loads it on its first call, and a forked child can then no
+/// longer use CUDA. Reading the maps never initialises CUDA itself, which no
+/// LibTorch 1.13/2.x C++ query guarantees (device_count() calls cuInit).
+inline bool cuda_driver_loaded(std::string_view maps) {
+  for (std::size_t pos = 0; (pos = maps.find("libcuda.so", pos)) != std::string_view::npos; ++pos)
+    if (pos == 0 || maps[pos - 1] == '/') return true;
+  return false;
+}
+
+inline bool cuda_driver_loaded_in_this_process() {
+  std::ifstream in("/proc/self/maps");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cuda_driver_loaded(ss.str());
+}
+
+/// Accelerate's most reported notebook failure, refused before forking.
+inline void refuse_fork_after_cuda() {
+  ACCEL_CHECK(!cuda_driver_loaded_in_this_process(),
+              "accel: CUDA has already been initialised in this process, and forked workers "
+              "cannot use it (\"Cannot re-initialize CUDA in forked subprocess\"). Do not touch "
+              "CUDA (tensors, models or devices on the GPU, torch::cuda calls) before "
+              "notebook_launcher: create them inside the launched function.");
+}
+
+/// ACCEL_DEBUG_MODE worker check: the variables this worker sees are the ones
+/// the launcher meant to give it, and form a consistent world.
+inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
+  const auto env = runtime::ProcessEnv::discover();
+  const int rank = o.node_rank * o.num_processes + local_rank;
+  ACCEL_CHECK(env.source == "torchrun", "accel: debug launch: worker ", rank,
+              " found no RANK/WORLD_SIZE variables (source: ", env.source,
+              "). Do not clear the environment before the launched function runs.");
+  ACCEL_CHECK(env.rank == rank && env.world_size == o.num_nodes * o.num_processes &&
+                  env.local_rank == local_rank && env.local_world_size == o.num_processes,
+              "accel: debug launch: worker ", rank, " sees RANK=", env.rank, " WORLD_SIZE=",
+              env.world_size, " LOCAL_RANK=", env.local_rank, " LOCAL_WORLD_SIZE=",
+              env.local_world_size, ", expected ", rank, "/", o.num_nodes * o.num_processes, "/",
+              local_rank, "/", o.num_processes, ". Check what overrides these variables.");
+  ACCEL_CHECK(env.master_addr == o.master_addr && env.master_port == o.master_port,
+              "accel: debug launch: worker ", rank, " sees MASTER_ADDR:MASTER_PORT ",
+              env.master_addr, ":", env.master_port, ", expected ", o.master_addr, ":",
+              o.master_port, ". Check what overrides these variables.");
+  resolve_ipv4(env.master_addr, env.master_port);  // throws a clear error when unresolvable
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+// end <accel/launch/detail/rank_env.hpp>
+// begin <accel/launch/detail/worker_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
+/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
+/// command (fork and exec a program): it starts workers, waits for them with a
+/// deadline, stops all of them when one fails, and never leaves one behind.
+#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+
+#include <poll.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
+extern char** environ;
+
+namespace accel::detail::launch {
+
+/// How a worker ended (or that it has not yet).
+enum class WorkerStatus { Running, Succeeded, Threw, Exited, Signaled, Stopped };
+
+struct WorkerResult {
+  int rank = -1;
+  pid_t pid = -1;
+  WorkerStatus status = WorkerStatus::Running;
+  int code = 0;         ///< exit status, or the signal number (Signaled, Stopped)
+  std::string message;  ///< exception text, "exited with status N", "killed by signal SIGSEGV"
+
+  bool failed() const {
+    return status == WorkerStatus::Threw || status == WorkerStatus::Exited ||
+           status == WorkerStatus::Signaled;
+  }
+  /// Shell convention: 0, the exit status, or 128 + signal.
+  int exit_code() const {
+    if (status == WorkerStatus::Signaled || status == WorkerStatus::Stopped) return 128 + code;
+    return code;
+  }
+};
+
+struct PoolOutcome {
+  std::vector<WorkerResult> workers;          ///< in spawn order
+  std::optional<WorkerResult> first_failure;  ///< the first worker seen failing
+  bool timed_out = false;                     ///< the pool's deadline passed first
+  int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
+
+  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
+  /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
+  /// else the first failure's exit code (at least 1), else 0.
+  int exit_code() const {
+    if (interrupted_by != 0) return 128 + interrupted_by;
+    if (timed_out) return 124;
+    if (first_failure) return std::max(1, first_failure->exit_code());
+    return 0;
+  }
+  /// Ranks that were still running when the pool stopped them.
+  std::vector<int> stopped_ranks() const {
+    std::vector<int> r;
+    for (const auto& w : workers)
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) r.push_back(w.rank);
+    return r;
+  }
+};
+
+struct PoolOptions {
+  /// Bound on the whole run, from the pool's construction to the end of wait().
+  std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
+  /// Between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds grace{std::chrono::seconds{5}};
+  /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
+  bool prefix_output = false;
+  /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
+  /// process's stdout/stderr, one write per line so ranks never interleave mid-line.
+  std::function<void(int rank, int stream, std::string_view line)> on_output;
+  /// SIGINT/SIGTERM/SIGHUP to this process stop the workers and end wait().
+  bool handle_signals = true;
+};
+
+/// "[rank 3] " + line: the default prefix of forwarded output.
+inline std::string prefixed_line(int rank, std::string_view line) {
+  std::string s = "[rank " + std::to_string(rank) + "] ";
+  s.append(line);
+  s.push_back('\n');
+  return s;
+}
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(PoolOptions options = {})
+      : options_(std::move(options)), start_(Clock::now()) {
+    if (options_.handle_signals) signals_.emplace();
+    // With SIGCHLD ignored the kernel reaps children itself and waitpid could
+    // not report how they ended: use the default while the pool lives.
+    struct sigaction current {};
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
+      restore_sigchld_ = true;
+    }
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  /// Stops and reaps whatever is still running.
+  ~WorkerPool() {
+    try {
+      if (running() > 0) stop_all();
+    } catch (...) {
+    }
+    if (restore_sigchld_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+  }
+
+  /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
+  /// exception, its what() goes to the parent and the exit status is 1. The
+  /// child never returns into the caller and never runs atexit handlers.
+  pid_t spawn(int rank, const EnvList& env, std::function<void()> fn) {
+    return fork_worker(rank, [&](int err_fd) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      int code = 0;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        report(err_fd, e.what());
+        code = 1;
+      } catch (...) {
+        report(err_fd, "unknown exception (not derived from std::exception)");
+        code = 1;
+      }
+      flush_stdio();
+      ::_exit(code);
+    });
+  }
+
+  /// Forks a worker that execs argv (argv[0] searched in PATH) with this
+  /// process's environment plus `env`. Exec failure: status 127 and a message.
+  pid_t spawn_exec(int rank, const EnvList& env, const std::vector<std::string>& argv) {
+    if (argv.empty())
+      throw Error("accel: spawn_exec() got an empty command line. Pass the program to run first.");
+    // Everything is prepared before fork: the child only makes async-signal-safe calls.
+    std::vector<std::string> envs;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view entry(*e);
+      std::string_view key = entry.substr(0, entry.find('='));
+      bool overridden = false;
+      for (const auto& kv : env) overridden = overridden || kv.first == key;
+      if (!overridden) envs.emplace_back(entry);
+    }
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+    cargv.push_back(nullptr);
+    cenv.push_back(nullptr);
+    const std::string failure = "cannot execute '" + argv[0] + "': ";
+    return fork_worker(rank, [&](int err_fd) {
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      const char* why = std::strerror(errno);
+      write_all(err_fd, failure.data(), failure.size());
+      write_all(err_fd, why, std::strlen(why));
+      ::_exit(127);
+    });
+  }
+
+  /// Waits until every worker has ended, one failed (the others are then
+  /// stopped), the deadline passed, or this process got SIGINT/SIGTERM/SIGHUP.
+  /// Everything has been reaped when it returns (unless stuck in the kernel).
+  PoolOutcome wait() {
+    PoolOutcome out;
+    const auto deadline = start_ + options_.timeout;
+    while (running() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
+      for (std::size_t i : reap()) {
+        if (workers_[i].result.failed() && !out.first_failure) {
+          out.first_failure = workers_[i].result;
+          stop_all();
+        }
+      }
+      if (out.first_failure) break;
+      if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
+        out.interrupted_by = sig;
+        stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
+        break;
+      }
+      if (running() > 0 && Clock::now() >= deadline) {
+        out.timed_out = true;
+        stop_all();
+        break;
+      }
+    }
+    pump(0);
+    for (auto& w : workers_) {
+      flush_partial(w);
+      out.workers.push_back(w.result);
+    }
+    return out;
+  }
+
+  /// `first` (SIGTERM) to every running worker's process group, SIGKILL to
+  /// those still there after the grace period, and reap them (bounded wait).
+  void stop_all(int first = SIGTERM) {
+    stopping_ = true;
+    signal_running(first);
+    wait_until(Clock::now() + options_.grace);
+    if (running() > 0) {
+      signal_running(SIGKILL);
+      wait_until(Clock::now() + std::chrono::seconds(10));
+    }
+  }
+
+  std::size_t running() const {
+    std::size_t n = 0;
+    for (const auto& w : workers_) n += w.result.status == WorkerStatus::Running;
+    return n;
+  }
+  std::size_t size() const { return workers_.size(); }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> p;
+    for (const auto& w : workers_) p.push_back(w.result.pid);
+    return p;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Worker {
+    WorkerResult result;
+    Fd err, out, errout;  // parent's read ends: error report, captured stdout/stderr
+    std::string err_text, out_buf, errout_buf;
+  };
+
+  static void report(int fd, const char* what) noexcept {
+    std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
+    if (n == 0) {
+      what = "an exception with an empty message";
+      n = std::strlen(what);
+    }
+    write_all(fd, what, n);
+  }
+
+  static void flush_stdio() noexcept {
+    try {
+      std::cout.flush();
+      std::cerr.flush();
+      std::clog.flush();
+    } catch (...) {
+    }
+    std::fflush(nullptr);
+  }
+
+  template <class Child>
+  pid_t fork_worker(int rank, Child&& child) {
+    // Unflushed parent output would be duplicated by every child that flushes.
+    flush_stdio();
+    Pipe err = Pipe::make();
+    std::optional<Pipe> out, errout;
+    if (options_.prefix_output) {
+      out = Pipe::make();
+      errout = Pipe::make();
+    }
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      int e = errno;
+      stop_all();
+      throw Error(std::string("accel: cannot fork worker ") + std::to_string(rank) + " (" +
+                  std::strerror(e) + "). Launch fewer processes or raise the process limit.");
+    }
+    if (pid == 0) {
+      // Own process group: stopping a worker also stops whatever it started.
+      ::setpgid(0, 0);
+#ifdef __linux__
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: do not linger
+      if (::getppid() != parent) ::_exit(1);
+#endif
+      // Default dispositions: the launcher, not inherited test-framework or
+      // user handlers, reports a worker's crash.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL})
+        ::signal(sig, SIG_DFL);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      StopSignalGuard::forget_after_fork();
+      if (out) {
+        ::dup2(out->write.get(), STDOUT_FILENO);
+        ::dup2(errout->write.get(), STDERR_FILENO);
+      }
+      child(err.write.get());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent, so signalling the group never races
+    Worker w;
+    w.result.rank = rank;
+    w.result.pid = pid;
+    w.err = std::move(err.read);
+    if (out) {
+      w.out = std::move(out->read);
+      w.errout = std::move(errout->read);
+    }
+    workers_.push_back(std::move(w));
+    return pid;
+  }
+
+  void signal_running(int sig) {
+    for (const auto& w : workers_) {
+      if (w.result.status != WorkerStatus::Running) continue;
+      if (::kill(-w.result.pid, sig) != 0) ::kill(w.result.pid, sig);
+    }
+  }
+
+  void wait_until(Clock::time_point until) {
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      reap();
+    }
+  }
+
+  /// Polls the signal pipe and every open worker pipe for up to timeout_ms,
+  /// and consumes what is readable.
+  void pump(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, int>> owner;  // which worker, which stream (0 err, 1, 2)
+    if (signals_ && signals_->fd() >= 0) {
+      fds.push_back({signals_->fd(), POLLIN, 0});
+      owner.emplace_back(nullptr, 0);
+    }
+    for (auto& w : workers_) {
+      for (auto [fd, stream] : {std::pair{&w.err, 0}, {&w.out, 1}, {&w.errout, 2}}) {
+        if (!fd->valid()) continue;
+        fds.push_back({fd->get(), POLLIN, 0});
+        owner.emplace_back(&w, stream);
+      }
+    }
+    if (fds.empty()) {
+      if (timeout_ms > 0) ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (owner[i].first == nullptr) {
+        std::string drop;
+        read_available(fds[i].fd, drop);
+        continue;
+      }
+      consume(*owner[i].first, owner[i].second);
+    }
+  }
+
+  void consume(Worker& w, int stream) {
+    Fd& fd = stream == 0 ? w.err : stream == 1 ? w.out : w.errout;
+    std::string& buf = stream == 0 ? w.err_text : stream == 1 ? w.out_buf : w.errout_buf;
+    bool open = read_available(fd.get(), buf);
+    if (!open) fd.reset();
+    if (stream == 0) {
+      if (buf.size() > 64 * 1024) buf.resize(64 * 1024);
+      return;
+    }
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+      emit(w.result.rank, stream, std::string_view(buf).substr(start, nl - start));
+    buf.erase(0, start);
+    if (buf.size() > 64 * 1024 || (!open && !buf.empty())) {
+      emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  void emit(int rank, int stream, std::string_view line) {
+    if (options_.on_output) {
+      options_.on_output(rank, stream, line);
+      return;
+    }
+    std::string s = prefixed_line(rank, line);
+    write_all(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, s.data(), s.size());
+  }
+
+  void flush_partial(Worker& w) {
+    for (int stream : {1, 2}) {
+      std::string& buf = stream == 1 ? w.out_buf : w.errout_buf;
+      if (!buf.empty()) emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  /// Reaps the workers that ended; returns their indices in spawn order.
+  std::vector<std::size_t> reap() {
+    std::vector<std::size_t> ended;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.result.status != WorkerStatus::Running) continue;
+      int st = 0;
+      pid_t r = ::waitpid(w.result.pid, &st, WNOHANG);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      // The child is gone: whatever it wrote before exiting is in the pipes.
+      for (int stream : {0, 1, 2})
+        if ((stream == 0 ? w.err : stream == 1 ? w.out : w.errout).valid()) consume(w, stream);
+      classify(w, r < 0 ? -1 : st);
+      ended.push_back(i);
+    }
+    return ended;
+  }
+
+  void classify(Worker& w, int st) {
+    WorkerResult& r = w.result;
+    if (st < 0) {  // not our child any more (someone else reaped it)
+      r.status = WorkerStatus::Exited;
+      r.code = 1;
+      r.message = "vanished (reaped by someone else)";
+    } else if (WIFEXITED(st)) {
+      r.code = WEXITSTATUS(st);
+      if (r.code == 0) {
+        r.status = WorkerStatus::Succeeded;  // it returned normally, even if a stop was under way
+      } else if (!w.err_text.empty()) {
+        r.status = WorkerStatus::Threw;
+        r.message = w.err_text;
+      } else {
+        r.status = WorkerStatus::Exited;
+        r.message = "exited with status " + std::to_string(r.code);
+      }
+      if (stopping_ && r.status == WorkerStatus::Exited) r.status = WorkerStatus::Stopped;
+    } else if (WIFSIGNALED(st)) {
+      r.code = WTERMSIG(st);
+      r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
+      r.message = (stopping_ ? "stopped by signal " : "killed by signal ") + signal_name(r.code);
+      if (!stopping_ && !w.err_text.empty()) r.message = w.err_text + " (then " + r.message + ")";
+    }
+  }
+
+  PoolOptions options_;
+  Clock::time_point start_;
+  std::optional<StopSignalGuard> signals_;
+  std::vector<Worker> workers_;
+  bool stopping_ = false;
+  bool restore_sigchld_ = false;
+  struct sigaction old_sigchld_ {};
+};
+
+/// Runs f() on a new thread, waits for it and returns its result (or rethrows).
+/// Fork C++-function workers from such a thread: a child inherits the forking
+/// thread's GNU OpenMP pool, whose threads do not exist in the child, so its
+/// first parallel region would hang; a fresh thread has no pool. The thread must
+/// outlive the workers, because PR_SET_PDEATHSIG follows the forking thread.
+template <class F>
+auto on_fresh_thread(F&& f) -> decltype(f()) {
+  std::optional<decltype(f())> result;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      result.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) std::rethrow_exception(error);
+  return std::move(*result);
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+// end <accel/launch/detail/worker_pool.hpp>
+
+namespace accel {
+
+namespace detail::launch {
+
+/// Restores the intra-op thread count of the calling process on scope exit.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : old_(at::get_num_threads()) { at::set_num_threads(n); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+  ~ScopedThreads() { at::set_num_threads(old_); }
+
+ private:
+  int old_;
+};
+
+/// Runs body in one worker per local rank and waits; turns the pool's outcome
+/// into the launcher's exceptions. `what` names the launch in messages.
+template <class Body>
+void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                 const char* what, Body&& body) {
+  PoolOptions po;
+  po.timeout = std::max(std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now()));
+  po.grace = o.stop_grace;
+  po.prefix_output = o.prefix_output;
+  // Fork from a fresh thread that stays until the workers are reaped: GNU
+  // OpenMP's thread pool lives in the forking thread, and a child forked from a
+  // thread that already ran a parallel region hangs in its first one.
+  PoolOutcome out = on_fresh_thread([&] {
+    WorkerPool pool(po);
+    for (int local = 0; local < o.num_processes; ++local) {
+      EnvList env = rank_environment(o, local);
+      env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
+      pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
+        at::set_num_threads(threads_per_worker(o.num_processes));
+        try {
+          body(local);
+        } catch (const c10::Error& e) {
+          // LibTorch's what() carries a C++ backtrace; the message is what users need.
+          throw std::runtime_error(e.what_without_backtrace());
+        }
+      });
+    }
+    return pool.wait();
+  });  // the pool restored the parent's signal handlers here
+  if (out.interrupted_by != 0) {
+    // Workers are stopped; now let the signal do what it would have done.
+    std::raise(out.interrupted_by);
+    throw Error(std::string("accel: ") + what + " was interrupted by " +
+                signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
+                " workers were stopped. Launch again when ready.");
+  }
+  if (out.first_failure) throw LaunchError(out.first_failure->rank, out.first_failure->message);
+  if (out.timed_out) {
+    std::string ranks;
+    for (int r : out.stopped_ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError(std::string("accel: ") + what + " timed out after " +
+                       std::to_string(o.timeout.count()) + " s (LaunchOptions::timeout) with " +
+                       (ranks.empty() ? "no process" : "process(es) " + ranks) +
+                       " still running; they were stopped. Raise the timeout or find why they "
+                       "hang (ACCEL_DEBUG_MODE=yes checks the launch).");
+  }
+}
+
+}  // namespace detail::launch
+
+/// Runs fn(args...) in opts.num_processes forked workers on this node and
+/// returns when all have finished. Each worker sees RANK, WORLD_SIZE,
+/// LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
+/// ACCEL_FORK_LAUNCHED=1, and uses max(1, cores / num_processes) intra-op
+/// threads unless OMP_NUM_THREADS is set. If a worker throws, exits non-zero
+/// or dies by a signal, the others are stopped (SIGTERM, then SIGKILL after
+/// stop_grace) and accel::LaunchError names the first failing rank and its
+/// message; past opts.timeout accel::TimeoutError. One process on one node
+/// runs fn in this process (no fork) with the same variables, restored after;
+/// an exception then arrives as LaunchError(0, ...) nesting the original.
+template <class F, class... Args>
+void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
+  namespace dl = detail::launch;
+  // The timeout bounds the whole call, debug dry launch included.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
+  dl::validate(opts);
+  if (opts.master_port == 0) opts.master_port = dl::pick_free_port(opts.master_addr);
+
+  if (opts.num_processes == 1 && opts.num_nodes == 1) {
+    dl::EnvList env = dl::rank_environment(opts, 0);
+    dl::ScopedEnv scoped_env(env);
+    dl::ScopedThreads threads(dl::threads_per_worker(1));
+    try {
+      std::apply(std::forward<F>(fn), std::move(args));
+    } catch (const c10::Error& e) {
+      std::throw_with_nested(LaunchError(0, e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      std::throw_with_nested(LaunchError(0, e.what()));
+    }
+    return;
+  }
+
+#if ACCEL_WITH_CUDA
+  dl::refuse_fork_after_cuda();
+#endif
+  if (dl::env_flag("ACCEL_DEBUG_MODE")) {
+    // Dry run first, as Accelerate's debug mode: spawn-time problems show up
+    // as a clear error before any real work starts.
+    if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
+        errno == EADDRINUSE)
+      throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
+                  " on " + opts.master_addr +
+                  " is already in use. Pass another master_port, or 0 to pick a free one.");
+    dl::run_workers(opts, deadline, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
+                    [&](int local) { dl::check_worker_environment(opts, local); });
+  }
+  dl::run_workers(opts, deadline, "notebook_launcher",
+                  [&](int) { std::apply(fn, std::move(args)); });
+}
+
+/// The same as notebook_launcher: the name to use outside notebooks.
+template <class F, class... Args>
+void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
+  notebook_launcher(std::forward<F>(fn), std::move(args), std::move(opts));
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
+// end <accel/launch/notebook_launcher.hpp>
+
+#endif  // ACCEL_LAUNCH_HPP
+// end <accel/launch.hpp>
+// begin <accel/prepare.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the compile-time side of prepare(): the kind of each argument,
+/// the prepared type at each position (computed with Boost.Hana) and the
+/// diagnostics for arguments of any other kind.
+#ifndef ACCEL_PREPARE_HPP
+#define ACCEL_PREPARE_HPP
+
+#include <cstddef>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+#include <boost/hana/basic_tuple.hpp>
+#include <boost/hana/transform.hpp>
+#include <boost/hana/type.hpp>
+#include <boost/hana/unpack.hpp>
+
+// begin <accel/prepared/model.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::PreparedModel<M>: the user's module, on device(), run
+/// under the precision policy's autocast, with its gradients synchronised by
+/// the shard policy.
+#ifndef ACCEL_PREPARED_MODEL_HPP
+#define ACCEL_PREPARED_MODEL_HPP
+
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/detail/training_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::TrainingState, the state an Accelerator shares
+/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr).
+#ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
+#define ACCEL_DETAIL_TRAINING_STATE_HPP
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/gradient_sync.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares accel::shard::detail::GradientSync, what a prepared model's
+/// shard policy does with gradients, as seen by the optimizer and the Accelerator.
+#ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+#define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  /// false on the non-sync micro-steps of accumulate(): no communication at all.
+  virtual void set_sync_enabled(bool enabled) = 0;
+  /// Starts what backward did not start (buckets of parameters that got no
+  /// gradient), waits for everything in flight: afterwards every gradient on
+  /// this rank is the average over ranks.
+  virtual void finalize() = 0;
+};
+
+/// The policy for one process: gradients are already complete.
+class NoSync final : public GradientSync {
+ public:
+  void set_sync_enabled(bool) override {}
+  void finalize() override {}
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+// end <accel/shard/detail/gradient_sync.hpp>
+
+namespace accel::detail {
+
+struct TrainingState {
+  std::shared_ptr<runtime::Communicator> comm;
+  torch::Device device{torch::kCPU};
+  int gradient_accumulation_steps = 1;
+  bool sync_gradients = true;     ///< false on the non-sync micro-steps of accumulate()
+  int64_t micro_step = 0;         ///< counts accumulate() entries (Accelerate's `step`)
+  int64_t optimizer_steps = 0;    ///< optimizer steps that really happened
+  bool last_step_skipped = false; ///< the last AcceleratedOptimizer::step() did not update
+  std::vector<std::shared_ptr<shard::detail::GradientSync>> syncs;  ///< one per prepared model
+  /// Precision hook run before an optimizer step (Fp16: unscale, agree on
+  /// inf/NaN); returns false when the step must be skipped on every rank.
+  std::function<bool(torch::optim::Optimizer&)> before_step;
+  /// Precision hook run after a step attempt (Fp16: update the scale).
+  std::function<void(bool stepped)> after_step;
+
+  /// Every gradient averaged and ready for the optimizer or for clipping.
+  void finalize_gradients() {
+    for (auto& s : syncs) s->finalize();
+  }
+};
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_TRAINING_STATE_HPP
+// end <accel/detail/training_state.hpp>
+
+namespace accel {
+
+namespace detail {
+
+/// Models prepare() accepts: torch::nn::ModuleHolder<T> (Linear, Sequential,
+/// TORCH_MODULE types) or std::shared_ptr<T>, with T derived from Module.
+template <class M>
+struct model_traits : std::false_type {};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<torch::nn::ModuleHolder<T>> : std::true_type {
+  using module_type = T;
+};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<std::shared_ptr<T>> : std::true_type {
+  using module_type = T;
+};
+// A TORCH_MODULE(Net) holder is a class derived from ModuleHolder<NetImpl>.
+template <class M>
+  requires(!std::is_same_v<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
+           std::is_base_of_v<torch::nn::ModuleHolder<typename M::ContainedType>, M>)
+struct model_traits<M> : std::true_type {
+  using module_type = typename M::ContainedType;
+};
+
+template <class M>
+inline constexpr bool is_model_v = model_traits<std::remove_cvref_t<M>>::value;
+
+template <class M>
+auto* module_ptr(const M& m) {
+  if constexpr (requires { m.ptr(); }) {
+    return m.ptr().get();  // ModuleHolder: get() const would add const
+  } else {
+    return m.get();
+  }
+}
+
+/// Autocast computes in 16 bits; what leaves the model is float32 again, as
+/// Accelerate's convert_outputs_to_fp32 does, so losses and metrics keep
+/// their precision.
+template <class T>
+T outputs_to_fp32(T&& out) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (out.defined() && out.is_floating_point() && out.scalar_type() != torch::kFloat &&
+        out.scalar_type() != torch::kDouble)
+      return out.to(torch::kFloat);
+    return std::forward<T>(out);
+  } else if constexpr (requires { std::tuple_size<U>::value; }) {
+    std::apply([](auto&... e) { ((e = outputs_to_fp32(std::move(e))), ...); }, out);
+    return std::forward<T>(out);
+  } else if constexpr (std::is_same_v<U, std::vector<torch::Tensor>>) {
+    for (auto& e : out) e = outputs_to_fp32(std::move(e));
+    return std::forward<T>(out);
+  } else {
+    return std::forward<T>(out);
+  }
+}
+
+}  // namespace detail
+
+template <class M>
+class PreparedModel {
+ public:
+  using model_type = M;
+  using module_type = typename detail::model_traits<M>::module_type;
+
+  PreparedModel(M model, std::shared_ptr<detail::TrainingState> state,
+                std::shared_ptr<shard::detail::GradientSync> sync, bool autocast,
+                at::ScalarType autocast_dtype)
+      : model_(std::move(model)), state_(std::move(state)), sync_(std::move(sync)),
+        autocast_(autocast), autocast_dtype_(autocast_dtype) {
+    for (const auto& b : get()->buffers()) buffers_.push_back(b);
+  }
+
+  /// Calls the module's forward under the precision policy's autocast.
+  template <class... A>
+  auto operator()(A&&... args) {
+    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
+      broadcast_buffers();
+    precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
+    if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
+      get()->forward(std::forward<A>(args)...);
+    } else if (autocast_) {
+      return detail::outputs_to_fp32(get()->forward(std::forward<A>(args)...));
+    } else {
+      return get()->forward(std::forward<A>(args)...);
+    }
+  }
+
+  module_type* operator->() const { return get(); }
+  module_type& operator*() const { return *get(); }
+  module_type* get() const { return detail::module_ptr(model_); }
+
+  /// The user's original module handle (what unwrap_model returns).
+  M& module() { return model_; }
+  const M& module() const { return model_; }
+  shard::detail::GradientSync& gradient_sync() const { return *sync_; }
+
+ private:
+  // Buffers (BatchNorm statistics) follow rank 0 before each training forward,
+  // as DDP's broadcast_buffers does, so every replica computes the same thing.
+  void broadcast_buffers() {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers_) {
+      if (!b.defined() || b.numel() == 0) continue;
+      auto t = b.is_contiguous() ? b : b.contiguous();
+      state_->comm->broadcast(t, 0)->wait();
+      if (!t.is_same(b)) b.copy_(t);
+    }
+  }
+
+  M model_;
+  std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<shard::detail::GradientSync> sync_;
+  bool autocast_;
+  at::ScalarType autocast_dtype_;
+  std::vector<torch::Tensor> buffers_;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_PREPARED_MODEL_HPP
+// end <accel/prepared/model.hpp>
+// begin <accel/prepared/optimizer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::AcceleratedOptimizer<O>: steps only when gradients are
+/// synchronised and finite on every rank.
+#ifndef ACCEL_PREPARED_OPTIMIZER_HPP
+#define ACCEL_PREPARED_OPTIMIZER_HPP
+
+#include <memory>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+
+namespace accel {
+
+namespace detail {
+template <class O>
+inline constexpr bool is_optimizer_v =
+    std::is_base_of_v<torch::optim::Optimizer, std::remove_cvref_t<O>>;
+}  // namespace detail
+
+template <class O>
+class AcceleratedOptimizer {
+ public:
+  using optimizer_type = O;
+
+  AcceleratedOptimizer(std::shared_ptr<O> optimizer, std::shared_ptr<detail::TrainingState> state)
+      : opt_(std::move(optimizer)), state_(std::move(state)) {}
+
+  /// No-op on the non-sync micro-steps of accumulate(); otherwise waits for
+  /// the gradient all-reduce still in flight, then steps unless the loss
+  /// scaler found inf/NaN on any rank (step_was_skipped() says so).
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) {
+    if (!state_->sync_gradients) {
+      skipped_ = true;
+      return {};
+    }
+    state_->finalize_gradients();
+    const bool ok = state_->before_step ? state_->before_step(*opt_) : true;
+    torch::Tensor loss;
+    if (ok) loss = opt_->step(std::move(closure));
+    if (state_->after_step) state_->after_step(ok);
+    skipped_ = !ok;
+    state_->last_step_skipped = !ok;
+    if (ok) ++state_->optimizer_steps;
+    return loss;
+  }
+
+  /// Zeroes the gradients in place (keeping them in the gradient buckets);
+  /// a no-op while accumulate() is on a non-sync step, as in Accelerate.
+  void zero_grad() {
+    if (!state_->sync_gradients) return;
+    torch::NoGradGuard no_grad;
+    for (auto& group : opt_->param_groups())
+      for (auto& p : group.params())
+        if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+
+  bool step_was_skipped() const { return skipped_; }
+
+  O* operator->() const { return opt_.get(); }
+  O& operator*() const { return *opt_; }
+  O& optimizer() const { return *opt_; }
+
+ private:
+  std::shared_ptr<O> opt_;
+  std::shared_ptr<detail::TrainingState> state_;
+  bool skipped_ = false;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_PREPARED_OPTIMIZER_HPP
+// end <accel/prepared/optimizer.hpp>
+// begin <accel/prepared/scheduler.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::AcceleratedScheduler<S>: advances once per optimizer
+/// step that really happened, whatever the number of processes.
+#ifndef ACCEL_PREPARED_SCHEDULER_HPP
+#define ACCEL_PREPARED_SCHEDULER_HPP
+
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+
+namespace accel {
+
+namespace detail {
+template <class S>
+inline constexpr bool is_scheduler_v =
+    std::is_base_of_v<torch::optim::LRScheduler, std::remove_cvref_t<S>>;
+}  // namespace detail
+
+/// Accelerate steps a scheduler num_processes times per optimizer step (so
+/// schedules sized in optimizer steps end N times too early); accel steps it
+/// exactly once for each optimizer step that happened: not on the non-sync
+/// micro-steps of accumulate(), not when the loss scaler skipped the step.
+template <class S>
+class AcceleratedScheduler {
+ public:
+  using scheduler_type = S;
+
+  AcceleratedScheduler(std::shared_ptr<S> scheduler, std::shared_ptr<detail::TrainingState> state,
+                       bool step_with_optimizer)
+      : sched_(std::move(scheduler)), state_(std::move(state)),
+        step_with_optimizer_(step_with_optimizer),
+        seen_steps_(std::make_shared<int64_t>(state_->optimizer_steps)) {}
+
+  void step() {
+    if (step_with_optimizer_) {
+      if (state_->optimizer_steps == *seen_steps_) return;  // no real optimizer step since the last call
+      *seen_steps_ = state_->optimizer_steps;
+    }
+    sched_->step();
+  }
+
+  S* operator->() const { return sched_.get(); }
+  S& operator*() const { return *sched_; }
+  S& scheduler() const { return *sched_; }
+  /// The optimizer step count this scheduler last stepped at, shared by
+  /// copies; load_state() sets it to the restored count.
+  const std::shared_ptr<int64_t>& seen_steps() const { return seen_steps_; }
+
+ private:
+  std::shared_ptr<S> sched_;
+  std::shared_ptr<detail::TrainingState> state_;
+  bool step_with_optimizer_;
+  std::shared_ptr<int64_t> seen_steps_;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_PREPARED_SCHEDULER_HPP
+// end <accel/prepared/scheduler.hpp>
+
+namespace accel {
+
+enum class PrepareKind { Model, Optimizer, DataLoader, Scheduler, Unsupported };
+
+namespace detail {
+
+template <class T>
+struct shared_element {
+  using type = T;
+};
+template <class T>
+struct shared_element<std::shared_ptr<T>> {
+  using type = T;
+};
+
+/// What prepare() makes of an argument of type T (decayed). Optimizers and
+/// schedulers may also come as std::shared_ptr.
+template <class T>
+consteval PrepareKind prepare_kind() {
+  using E = typename shared_element<T>::type;
+  if constexpr (is_model_v<T>)
+    return PrepareKind::Model;
+  else if constexpr (is_optimizer_v<E>)
+    return PrepareKind::Optimizer;
+  else if constexpr (data::is_data_loader_v<T>)
+    return PrepareKind::DataLoader;
+  else if constexpr (is_scheduler_v<E>)
+    return PrepareKind::Scheduler;
+  else
+    return PrepareKind::Unsupported;
+}
+
+/// Named after the problem so the compiler prints position and type:
+/// "incomplete type prepare_argument_is_not_a_model_optimizer_loader_or_scheduler<2, int>".
+/// Fix: pass a torch::nn module holder, a torch::optim optimizer, a loader from
+/// accel::data::make_data_loader or a torch::optim::LRScheduler at that position.
+template <std::size_t Position, class T>
+struct prepare_argument_is_not_a_model_optimizer_loader_or_scheduler;
+
+template <class...>
+inline constexpr bool dependent_false = false;
+
+template <std::size_t Position, class T, PrepareKind K = prepare_kind<T>()>
+struct prepared_type {
+  static_assert(dependent_false<T>,
+                "accel: prepare() argument is not a model, an optimizer, a data loader or an LR "
+                "scheduler. Pass a torch::nn module (holder or shared_ptr), a torch::optim "
+                "optimizer, a loader made by accel::data::make_data_loader, or a "
+                "torch::optim::LRScheduler; the next error names the position and the type");
+  using type = typename prepare_argument_is_not_a_model_optimizer_loader_or_scheduler<Position, T>::type;
+};
+template <std::size_t P, class T>
+struct prepared_type<P, T, PrepareKind::Model> {
+  using type = PreparedModel<T>;
+};
+template <std::size_t P, class T>
+struct prepared_type<P, T, PrepareKind::Optimizer> {
+  using type = AcceleratedOptimizer<typename shared_element<T>::type>;
+};
+template <std::size_t P, class T>
+struct prepared_type<P, T, PrepareKind::DataLoader> {
+  using type = T;
+};
+template <std::size_t P, class T>
+struct prepared_type<P, T, PrepareKind::Scheduler> {
+  using type = AcceleratedScheduler<typename shared_element<T>::type>;
+};
+
+/// The tuple prepare() returns for arguments Ts..., computed with Hana: the
+/// i-th element is the prepared form of the i-th argument.
+template <class... Ts>
+struct prepare_result {
+  template <std::size_t... I>
+  static auto compute(std::index_sequence<I...>) {
+    namespace hana = boost::hana;
+    auto args = hana::make_basic_tuple(hana::type_c<std::pair<std::integral_constant<std::size_t, I>, Ts>>...);
+    auto prepared = hana::transform(args, [](auto t) {
+      using P = typename decltype(t)::type;
+      return hana::type_c<typename prepared_type<P::first_type::value, typename P::second_type>::type>;
+    });
+    return hana::unpack(prepared, hana::template_<std::tuple>);
+  }
+  using type = typename decltype(compute(std::index_sequence_for<Ts...>{}))::type;
+};
+
+template <class... Ts>
+using prepare_result_t = typename prepare_result<std::remove_cvref_t<Ts>...>::type;
+
+/// An object handed to prepare() as an lvalue stays owned by the caller (the
+/// prepared wrapper refers to it); an rvalue is moved into shared ownership; a
+/// shared_ptr is shared.
+template <class A>
+auto share(A&& a) {
+  using T = std::remove_cvref_t<A>;
+  if constexpr (!std::is_same_v<typename shared_element<T>::type, T>)
+    return T(a);
+  else if constexpr (std::is_lvalue_reference_v<A>)
+    return std::shared_ptr<T>(std::shared_ptr<T>{}, &a);
+  else
+    return std::make_shared<T>(std::move(a));
+}
+
+}  // namespace detail
+}  // namespace accel
+
+#endif  // ACCEL_PREPARE_HPP
+// end <accel/prepare.hpp>
+// begin <accel/accelerator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::Accelerator<Backend, Precision, Shard>: composes the
+/// three policies and exposes Accelerate's everyday API.
+#ifndef ACCEL_ACCELERATOR_HPP
+#define ACCEL_ACCELERATOR_HPP
+
+#include <filesystem>
+#include <map>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/checkpoint/save_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::checkpoint::save_state/load_state, the machinery of
+/// Accelerator::save_state()/load_state(): the whole training state in one
+/// directory, written atomically by every process, read back exactly.
+///
+/// Directory layout (docs/checkpoints.md has the details):
+///
+///   accel_state.json          main   format, accel version, world size, step
+///                                    counters, how many of each kind, automatic
+///                                    checkpoint number; written last
+///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
+///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
+///                                    optimizer_rank<r>.pt per process when the
+///                                    shard policy partitions optimizer state)
+///   scheduler.pt              main   scheduler 0 (scheduler_1.pt, ...)
+///   custom_checkpoint_<i>.pt  main   objects given to register_for_checkpointing
+///   scaler.json               main   loss scale and growth tracker (Fp16 only)
+///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
+///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
+///
+/// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
+/// the processes agree that all files are in, then the main process renames
+/// the directory into place (see detail::commit_directory). A process killed
+/// at any point leaves the previous checkpoint complete and loadable.
+/// Loading validates every file on every process, and the processes agree,
+/// before anything is changed; objects restored through torch archives are
+/// rolled back if one of them still fails.
+#ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
+#define ACCEL_CHECKPOINT_SAVE_STATE_HPP
+
+// begin <accel/checkpoint/detail/state_files.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the file side of save_state/load_state: torch archives and
+/// JSON files read with errors that name the file, fsync of written files,
+/// the atomic directory commit, the generator states of a process, and the
+/// test-only crash hook.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
+
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace accel::checkpoint::detail {
+
+namespace fs = std::filesystem;
+
+/// Test-only: ACCEL_TEST_SAVE_STATE_CRASH=<point> makes save_state kill its
+/// own process with SIGKILL at that point ("writing": after this process's
+/// first file; "before_commit": main process, all files in, before the
+/// rename; "between_renames": main process, forces the two-rename commit and
+/// dies between the renames). Lets tests check that a killed save leaves the
+/// previous checkpoint loadable.
+inline void crash_point(std::string_view point) {
+  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
+  if (want != nullptr && point == want) ::kill(::getpid(), SIGKILL);
+}
+inline bool crash_requested(std::string_view point) {
+  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
+  return want != nullptr && point == want;
+}
+
+/// fsync a file or directory (best effort for directories: some file
+/// systems refuse it).
+inline void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    if (directory) return;
+    fail_io("open for flushing", p, errno);
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && !directory) fail_io("flush", p, err);
+}
+
+inline void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  try {
+    archive.save_to(path.string());
+  } catch (const c10::Error& e) {
+    throw Error(accel::detail::concat("accel: cannot write '", path.string(), "': ",
+                                      e.what_without_backtrace(),
+                                      ". Check the path, its permissions and the free disk space."));
+  }
+  fsync_path(path, false);
+}
+
+/// A whole archive, parsed; a truncated or corrupt file is an accel::Error.
+inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw Error("accel: the checkpoint file '" + path.string() +
+                "' is missing. Load a directory written completely by save_state().");
+  try {
+    archive.load_from(path.string());
+  } catch (const c10::Error& e) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
+                                      "' is truncated or corrupt (", e.what_without_backtrace(),
+                                      "). Load another checkpoint, or save this one again."));
+  }
+}
+
+inline void write_json(const fs::path& path, const nlohmann::json& j) {
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+inline nlohmann::json read_json(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw Error("accel: the checkpoint file '" + path.string() +
+                "' is missing. Load a directory written completely by save_state().");
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    auto j = nlohmann::json::parse(text.str());
+    if (!j.is_object()) throw std::runtime_error("not a JSON object");
+    return j;
+  } catch (const std::exception& e) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
+                                      "' is truncated or corrupt (", e.what(),
+                                      "). Load another checkpoint, or save this one again."));
+  }
+}
+
+/// j[key] as T, or an accel::Error naming the file and the key.
+template <class T>
+T json_field(const nlohmann::json& j, const char* key, const fs::path& source) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const std::exception&) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
+                                      "' has no valid '", key,
+                                      "' entry. Load a directory written by save_state()."));
+  }
+}
+
+/// Puts `stage` (complete, flushed) in place of `target`. A reader sees the
+/// old or the new checkpoint at every instant: renameat2(RENAME_EXCHANGE)
+/// swaps them in one step; where that is unavailable, target moves aside to
+/// target.accel-old first (load_state() falls back to it if target is gone).
+inline void commit_directory(const fs::path& stage, const fs::path& target) {
+  std::error_code ec;
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path old = target.string() + ".accel-old";
+  if (!fs::exists(target, ec)) {
+    if (::rename(stage.c_str(), target.c_str()) != 0)
+      fail_io("rename the finished checkpoint to", target, errno);
+    fsync_path(parent, true);
+    fs::remove_all(old, ec);
+    return;
+  }
+#if defined(RENAME_EXCHANGE)
+  if (!crash_requested("between_renames") &&
+      ::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(parent, true);
+    fs::remove_all(stage, ec);  // now the previous checkpoint
+    return;
+  }
+#endif
+  fs::remove_all(old, ec);
+  if (::rename(target.c_str(), old.c_str()) != 0)
+    fail_io("move the previous checkpoint aside from", target, errno);
+  fsync_path(parent, true);
+  crash_point("between_renames");
+  if (::rename(stage.c_str(), target.c_str()) != 0)
+    fail_io("rename the finished checkpoint to", target, errno);
+  fsync_path(parent, true);
+  fs::remove_all(old, ec);
+}
+
+/// The directory to read: target, or target.accel-old when a commit was
+/// interrupted between its two renames.
+inline fs::path readable_checkpoint(const fs::path& target) {
+  std::error_code ec;
+  if (fs::is_directory(target, ec)) return target;
+  const fs::path old = target.string() + ".accel-old";
+  if (!fs::exists(target, ec) && fs::is_directory(old, ec)) return old;
+  throw Error("accel: the checkpoint directory '" + target.string() +
+              "' does not exist. Pass a directory written by save_state().");
+}
+
+// ---- generator states ----
+
+inline torch::Tensor generator_state(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+inline void set_generator_state(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+inline int cuda_device_count() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+/// This process's generators: LibTorch's CPU generator, every CUDA device's,
+/// and accel::std_generator(). std::rand has no readable state and is not saved.
+inline void save_generators(torch::serialize::OutputArchive& out) {
+  out.write("cpu", generator_state(at::detail::getDefaultCPUGenerator()));
+  const int n = cuda_device_count();
+  out.write("cuda_count", torch::tensor(static_cast<int64_t>(n)));
+  for (int i = 0; i < n; ++i)
+    out.write("cuda_" + std::to_string(i),
+              generator_state(at::globalContext().defaultGenerator(
+                  c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)))));
+  std::ostringstream mt;
+  mt << std_generator();
+  out.write("std_generator", c10::IValue(mt.str()));
+}
+
+/// The generator states read from an archive, checked; apply() sets them.
+struct GeneratorStates {
+  torch::Tensor cpu;
+  std::vector<torch::Tensor> cuda;
+  std::mt19937_64 std_gen;
+
+  static GeneratorStates read(torch::serialize::InputArchive& in, const fs::path& source) {
+    GeneratorStates s;
+    try {
+      in.read("cpu", s.cpu);
+      torch::Tensor count;
+      in.read("cuda_count", count);
+      const auto n = count.item<int64_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        torch::Tensor t;
+        in.read("cuda_" + std::to_string(i), t);
+        s.cuda.push_back(t);
+      }
+      c10::IValue mt;
+      in.read("std_generator", mt);
+      std::istringstream text(mt.toStringRef());
+      text >> s.std_gen;
+      if (!text) throw std::runtime_error("std_generator state does not parse");
+    } catch (const std::exception& e) {
+      throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
+                                        "' is truncated or corrupt (", e.what(),
+                                        "). Load another checkpoint, or save this one again."));
+    }
+    const auto expect = generator_state(at::detail::getDefaultCPUGenerator());
+    ACCEL_CHECK(s.cpu.scalar_type() == torch::kByte && s.cpu.numel() == expect.numel(),
+                "accel: the CPU generator state in '", source.string(),
+                "' has the wrong size. Load a checkpoint saved by this LibTorch.");
+    return s;
+  }
+
+  void apply() const {
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+    const int n = std::min<int>(cuda_device_count(), static_cast<int>(cuda.size()));
+    for (int i = 0; i < n; ++i)
+      set_generator_state(at::globalContext().defaultGenerator(
+                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
+                          cuda[static_cast<std::size_t>(i)]);
+    std_generator() = std_gen;
+  }
+};
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
+// end <accel/checkpoint/detail/state_files.hpp>
+// begin <accel/checkpoint/state_registry.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::checkpoint::StateRegistry (what save_state() writes
+/// and load_state() restores, recorded as the Accelerator prepares it) and the
+/// Checkpointable concept of register_for_checkpointing().
+#ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+#define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+/// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
+/// torch::optim optimizers, accel::sched schedulers, or a user type.
+template <class T>
+concept ArchiveCheckpointable = requires(T& t, const T& ct, torch::serialize::OutputArchive& out,
+                                         torch::serialize::InputArchive& in) {
+  ct.save(out);
+  t.load(in);
+};
+
+/// state_dict() returning a value a c10::IValue can hold (torch::Tensor,
+/// std::vector<torch::Tensor>, int64_t, double, std::string, c10::Dict, ...)
+/// and load_state_dict() taking that value back.
+template <class T>
+concept StateDictCheckpointable = requires(T& t, const c10::IValue& v) {
+  c10::IValue(t.state_dict());
+  t.load_state_dict(v.to<std::remove_cvref_t<decltype(t.state_dict())>>());
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool is_lr_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, T>;
+
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {
+  using element = T;
+};
+}  // namespace detail
+
+/// What register_for_checkpointing() accepts: an ArchiveCheckpointable or
+/// StateDictCheckpointable object, a torch::nn module holder or shared_ptr, a
+/// torch::optim::LRScheduler (its step count is saved: the learning rates
+/// themselves live in the optimizer's state), or a std::shared_ptr to any of
+/// these. The first that applies, in this order: module, archive, state_dict,
+/// LRScheduler.
+template <class T>
+concept Checkpointable =
+    accel::detail::is_model_v<T> || ArchiveCheckpointable<T> || StateDictCheckpointable<T> ||
+    detail::is_lr_scheduler_v<T> ||
+    (detail::is_shared_ptr<T>::value &&
+     (ArchiveCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      StateDictCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      detail::is_lr_scheduler_v<typename detail::is_shared_ptr<T>::element>));
+
+namespace detail {
+
+// LRScheduler keeps its step count in a protected member and offers no
+// accessor (LibTorch 1.13 and 2.x); a pointer to member formed through a
+// derived class reads it for any scheduler.
+struct LRSchedulerAccess : torch::optim::LRScheduler {
+  static auto step_count_member() { return &LRSchedulerAccess::step_count_; }
+};
+
+// LibTorch's Optimizer::load restores the per-parameter state but keeps the
+// param-group options (learning rate, momentum...) the optimizer has now;
+// they are saved and restored beside it, through the options' own serialize().
+inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& out) {
+  opt.save(out);
+  const auto& groups = opt.param_groups();
+  out.write("accel.param_groups/size", torch::tensor(static_cast<int64_t>(groups.size())));
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    torch::serialize::OutputArchive options(out.compilation_unit());
+    groups[i].options().serialize(options);
+    out.write("accel.param_groups/" + std::to_string(i), options);
+  }
+}
+inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& in) {
+  opt.load(in);  // checks the group count and sizes (c10::Error)
+  torch::Tensor size;
+  in.read("accel.param_groups/size", size);
+  auto& groups = opt.param_groups();
+  TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
+              "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
+              groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    torch::serialize::InputArchive options;
+    in.read("accel.param_groups/" + std::to_string(i), options);
+    groups[i].options().serialize(options);
+  }
+}
+
+/// save/load closures for one object (the object must outlive them).
+struct Archived {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
+
+template <class T>
+Archived archived(T& obj) {
+  if constexpr (accel::detail::is_model_v<T>) {
+    auto* m = accel::detail::module_ptr(obj);
+    return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
+  } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) {
+    torch::optim::Optimizer* p = &obj;
+    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); }};
+  } else if constexpr (ArchiveCheckpointable<T>) {
+    T* p = &obj;
+    return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
+  } else if constexpr (StateDictCheckpointable<T>) {
+    using S = std::remove_cvref_t<decltype(obj.state_dict())>;
+    T* p = &obj;
+    return {[p](auto& out) { out.write("state_dict", c10::IValue(p->state_dict())); },
+            [p](auto& in) {
+              c10::IValue v;
+              in.read("state_dict", v);
+              p->load_state_dict(v.template to<S>());
+            }};
+  } else if constexpr (is_lr_scheduler_v<T>) {
+    torch::optim::LRScheduler* p = &obj;
+    return {[p](auto& out) {
+              out.write("step_count",
+                        torch::tensor(static_cast<int64_t>(p->*LRSchedulerAccess::step_count_member())));
+            },
+            [p](auto& in) {
+              torch::Tensor t;
+              in.read("step_count", t);
+              using C = std::remove_cvref_t<decltype(p->*LRSchedulerAccess::step_count_member())>;
+              p->*LRSchedulerAccess::step_count_member() = static_cast<C>(t.item<int64_t>());
+            }};
+  } else {
+    static_assert(is_shared_ptr<T>::value, "accel: not a Checkpointable type.");
+    ACCEL_CHECK(obj != nullptr, "accel: register_for_checkpointing got a null shared_ptr. ",
+                "Register the object itself.");
+    auto keep = obj;  // holds the object while the registry does
+    auto inner = archived(*keep);
+    return {[keep, s = inner.save](auto& out) { s(out); },
+            [keep, l = inner.load](auto& in) { l(in); }};
+  }
+}
+
+}  // namespace detail
+
+/// Everything an Accelerator saves, in the order it was prepared/registered.
+/// Filled by prepare() and register_for_checkpointing(); read by
+/// save_state()/load_state() (save_state.hpp).
+struct StateRegistry {
+  struct Loader {
+    std::function<data::LoaderCheckpoint()> position;
+    std::function<void(const data::LoaderCheckpoint&)> restore;
+  };
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<detail::Archived> optimizers;
+  std::vector<detail::Archived> schedulers;
+  std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
+  std::vector<Loader> loaders;
+  std::vector<detail::Archived> custom;
+  std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
+  std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
+  int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
+  bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
+
+  template <class M>
+  void add_model(const M& model) {
+    auto* m = accel::detail::module_ptr(model);
+    // Aliasing pointer to the module the holder owns (and keeps alive).
+    if constexpr (requires { model.ptr(); })
+      models.push_back(std::shared_ptr<torch::nn::Module>(model.ptr(), m));
+    else
+      models.push_back(std::shared_ptr<torch::nn::Module>(model, m));
+  }
+
+  /// opt is kept alive by the registry.
+  template <class O>
+  void add_optimizer(std::shared_ptr<O> opt) {
+    torch::optim::Optimizer* p = opt.get();
+    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
+                          [opt, p](auto& in) { detail::load_optimizer(*p, in); }});
+  }
+
+  template <class S>
+  void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {
+    auto a = detail::archived(*sched);
+    schedulers.push_back({[sched, s = a.save](auto& out) { s(out); },
+                          [sched, l = a.load](auto& in) { l(in); }});
+    scheduler_seen_steps.push_back(std::move(seen_steps));
+  }
+
+  /// A plain copy of the loader shares its position with the user's copy.
+  template <class L>
+  void add_loader(const L& loader) {
+    auto shared = std::make_shared<L>(loader);
+    loaders.push_back({[shared] { return shared->checkpoint(); },
+                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); }});
+  }
+
+  template <Checkpointable T>
+  void add_custom(T& obj) {
+    custom.push_back(detail::archived(obj));
+  }
+};
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+// end <accel/checkpoint/state_registry.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+inline constexpr std::string_view kStateFile = "accel_state.json";
+inline constexpr std::string_view kStateFormat = "accel.save_state";
+inline constexpr int kStateFormatVersion = 1;
+
+namespace detail {
+
+/// "model.safetensors", "model_1.safetensors", ...
+inline std::string indexed_name(const char* stem, std::size_t i, const char* ext) {
+  return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
+}
+
+/// The checkpoint number of a directory named checkpoint_<N>.
+inline std::optional<int64_t> checkpoint_number(const std::string& name) {
+  constexpr std::string_view prefix = "checkpoint_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+    return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+/// The complete automatic checkpoints under base, oldest first.
+inline std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& base) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec))
+    if (auto n = checkpoint_number(e.path().filename().string()); n && e.is_directory(ec))
+      out.emplace_back(*n, e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller) {
+  ACCEL_CHECK(o.project_dir.has_value(), "accel: ", caller,
+              "() without a directory needs AcceleratorOptions::project_dir (checkpoints go to "
+              "project_dir/checkpoints/checkpoint_<N>). Pass a directory, or set project_dir.");
+  return fs::path(*o.project_dir) / "checkpoints";
+}
+
+/// Every process says whether its part worked (one all-reduce MAX); returns
+/// the highest failing rank, or -1 when all succeeded.
+inline int failed_rank(StateRegistry& reg, bool ok) {
+  auto& comm = *reg.state->comm;
+  float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
+  if (comm.size() > 1) {
+    const torch::Device dev = comm.backend_name() == "Nccl" ? reg.state->device : torch::kCPU;
+    auto t = torch::full({1}, mine, torch::kFloat).to(dev);
+    comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
+    mine = t.to(torch::kCPU).item<float>();
+  }
+  return static_cast<int>(mine) - 1;
+}
+
+/// Rethrows this process's error, or throws if another process failed.
+inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char* what,
+                  const char* consequence) {
+  const int failed = failed_rank(reg, err == nullptr);
+  if (err) std::rethrow_exception(err);
+  if (failed >= 0)
+    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed,
+                                      " (its own error says why); ", consequence,
+                                      ". Fix the cause reported by that process and retry."));
+}
+inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
+inline constexpr const char* kLoadKept = "nothing was loaded on this process";
+
+/// dir without a trailing separator, so that dir.accel-tmp is a sibling.
+inline fs::path normal_dir(const fs::path& dir) {
+  fs::path p = dir.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
+  return reg.optimizer_per_rank
+             ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
+             : indexed_name("optimizer", i, ".pt");
+}
+
+/// This process's files of a checkpoint, into stage.
+inline void write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
+  const bool main = rank == 0;
+  if (main) {
+    for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      save_safetensors(stage / indexed_name("model", i, ".safetensors"), module_state(*reg.models[i]));
+      crash_point("writing");
+    }
+  }
+  const auto archive_all = [&](const std::vector<Archived>& items, auto name_of) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      torch::serialize::OutputArchive out;
+      items[i].save(out);
+      save_archive(out, stage / name_of(i));
+    }
+  };
+  if (main || reg.optimizer_per_rank)
+    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+  if (main) {
+    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
+    archive_all(reg.custom, [](std::size_t i) {
+      return "custom_checkpoint_" + std::to_string(i) + ".pt";
+    });
+    if (reg.scaler)
+      write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
+                                         {"growth_tracker", reg.scaler->growth_tracker()}});
+  }
+  torch::serialize::OutputArchive rng;
+  save_generators(rng);
+  save_archive(rng, stage / ("random_states_" + std::to_string(rank) + ".pt"));
+  crash_point("writing");
+  nlohmann::json loaders = nlohmann::json::array();
+  for (const auto& l : reg.loaders) {
+    const auto c = l.position();
+    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
+  }
+  write_json(stage / ("loaders_" + std::to_string(rank) + ".json"),
+             {{"rank", rank}, {"loaders", loaders}});
+}
+
+/// Keys, shapes and dtypes of a saved model against the module; the error
+/// lists every offending key.
+inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
+                        const fs::path& source) {
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [key, target] : module_state(module)) {
+    expected.insert(key);
+    const auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream why;
+      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes() << ", model "
+          << target.scalar_type() << target.sizes() << ")";
+      mismatched.push_back(why.str());
+    }
+  }
+  for (const auto& entry : loaded)
+    if (expected.count(entry.first) == 0) unexpected.push_back(entry.first);
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
+  std::string problem;
+  if (!missing.empty()) problem += "; missing keys " + list(missing);
+  if (!unexpected.empty()) problem += "; unexpected keys " + list(unexpected);
+  if (!mismatched.empty()) problem += "; mismatched keys " + list(mismatched);
+  throw Error("accel: cannot load '" + source.string() + "' into the prepared model" + problem +
+              ". Nothing was loaded: load a checkpoint saved from the same model.");
+}
+
+inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,
+                        const char* what, const fs::path& source) {
+  const auto saved = json_field<int64_t>(meta, key, source);
+  ACCEL_CHECK(saved == static_cast<int64_t>(have), "accel: the checkpoint '", source.parent_path().string(),
+              "' holds ", saved, " ", what, " but this Accelerator has ", have,
+              ". Prepare and register the same objects, in the same order, as the run that saved it.");
+}
+
+/// Everything one process reads, validated, before anything is applied.
+struct ReadState {
+  nlohmann::json meta;
+  std::vector<NamedTensors> models;
+  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom;
+  GeneratorStates generators;
+  std::vector<data::LoaderCheckpoint> loaders;
+  std::optional<std::pair<double, int64_t>> scaler;
+};
+
+inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
+  auto& comm = *reg.state->comm;
+  const int rank = comm.rank();
+  const fs::path state_file = dir / kStateFile;
+  ReadState s;
+  s.meta = read_json(state_file);
+  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
+              "' is not an accel save_state file. Pass a directory written by save_state().");
+  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
+              "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
+              s.meta["format_version"].dump(), "). Load it with that version.");
+  const auto world = json_field<int64_t>(s.meta, "world_size", state_file);
+  ACCEL_CHECK(world == comm.size(), "accel: the checkpoint '", dir.string(), "' was saved by ",
+              world, " processes but this run has ", comm.size(),
+              "; its random states and data loader positions are per process and cannot be "
+              "mapped onto another world size. Resume with ", world, " processes.");
+  check_count(s.meta, "models", reg.models.size(), "models", state_file);
+  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
+  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
+  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
+  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
+              "accel: the checkpoint '", dir.string(), "' was saved ",
+              reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
+              "Accelerator runs ", reg.scaler ? "with" : "without",
+              " one. Resume with the same precision policy.");
+  ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
+              "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
+              "(optimizer state per process or not). Resume with the same shard policy.");
+
+  // Every missing file at once.
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
+  if (reg.scaler) files.push_back("scaler.json");
+  files.push_back("random_states_" + std::to_string(rank) + ".pt");
+  files.push_back("loaders_" + std::to_string(rank) + ".json");
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (const auto& f : files)
+    if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
+  ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
+              ". Load a directory written completely by save_state().");
+
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    const fs::path f = dir / indexed_name("model", i, ".safetensors");
+    s.models.push_back(load_safetensors(f));
+    check_model(s.models.back(), *reg.models[i], f);
+  }
+  s.optimizers.resize(reg.optimizers.size());
+  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+    const fs::path f = dir / optimizer_file(reg, i, rank);
+    std::error_code e;
+    ACCEL_CHECK(fs::is_regular_file(f, e), "accel: the checkpoint file '", f.string(), "' is missing.");
+    try {
+      s.optimizers[i].load_from(f.string(), reg.state->device);
+    } catch (const c10::Error& err) {
+      throw Error(accel::detail::concat("accel: the checkpoint file '", f.string(),
+                                        "' is truncated or corrupt (", err.what_without_backtrace(),
+                                        "). Load another checkpoint, or save this one again."));
+    }
+  }
+  s.schedulers.resize(reg.schedulers.size());
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
+    load_archive(s.schedulers[i], dir / indexed_name("scheduler", i, ".pt"));
+  s.custom.resize(reg.custom.size());
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    load_archive(s.custom[i], dir / ("custom_checkpoint_" + std::to_string(i) + ".pt"));
+  {
+    const fs::path f = dir / ("random_states_" + std::to_string(rank) + ".pt");
+    torch::serialize::InputArchive rng;
+    load_archive(rng, f);
+    s.generators = GeneratorStates::read(rng, f);
+  }
+  {
+    const fs::path f = dir / ("loaders_" + std::to_string(rank) + ".json");
+    const auto j = read_json(f);
+    const auto list_j = j.find("loaders");
+    ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
+                "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
+                " loader positions. Load a directory written completely by save_state().");
+    for (const auto& l : *list_j) {
+      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
+      ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
+                  "' holds a negative loader position. Save the checkpoint again.");
+      s.loaders.push_back(c);
+    }
+  }
+  if (reg.scaler) {
+    const fs::path f = dir / "scaler.json";
+    const auto j = read_json(f);
+    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
+    ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
+                "' holds an invalid loss scale. Save the checkpoint again.");
+  }
+  json_field<int64_t>(s.meta, "micro_step", state_file);
+  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
+  return s;
+}
+
+/// Loads archives into objects; on failure puts back the objects already
+/// loaded (from in-memory snapshots) and rethrows.
+class ArchiveTransaction {
+ public:
+  void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
+             std::size_t index) {
+    torch::serialize::OutputArchive snap;
+    target.save(snap);
+    std::ostringstream bytes;
+    snap.save_to(bytes);
+    done_.push_back({&target, bytes.str()});
+    try {
+      target.load(in);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      rollback();
+      throw Error(accel::detail::concat("accel: cannot restore ", what, " ", index,
+                                        " from the checkpoint (", msg,
+                                        "); nothing was loaded. Prepare the same objects as the "
+                                        "run that saved it."));
+    }
+  }
+  void rollback() noexcept {
+    for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
+      try {
+        std::istringstream bytes(it->second);
+        torch::serialize::InputArchive in;
+        in.load_from(bytes);
+        it->first->load(in);
+      } catch (...) {  // best effort: the snapshot was taken from this very object
+      }
+    }
+    done_.clear();
+  }
+
+ private:
+  std::vector<std::pair<const Archived*, std::string>> done_;
+};
+
+}  // namespace detail
+
+/// Writes the registry's state to dir, or (no dir) to
+/// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
+/// of those. Every process must call it. Returns the directory written.
+inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  auto& comm = *reg.state->comm;
+  const int rank = comm.rank();
+  const bool main = rank == 0;
+  const bool automatic = !dir.has_value();
+  fs::path base;
+  fs::path target;
+  if (automatic) {
+    base = checkpoints_base(options, "save_state");
+    ACCEL_CHECK(!options.total_limit || *options.total_limit >= 1,
+                "accel: AcceleratorOptions::total_limit must be at least 1 (got ",
+                options.total_limit.value_or(0), "). Leave it unset to keep every checkpoint.");
+    target = base / ("checkpoint_" + std::to_string(reg.checkpoint_iteration));
+  } else {
+    target = normal_dir(*dir);
+  }
+  const fs::path stage = target.string() + ".accel-tmp";
+  reg.state->finalize_gradients();
+
+  std::exception_ptr err;
+  if (main) {
+    try {
+      std::error_code ec;
+      if (automatic) {
+        // Accelerate's #1601/#3306: a run that did not load numbers from 0
+        // again. Refuse anything but a new newest checkpoint.
+        const auto all = list_checkpoints(base);
+        ACCEL_CHECK(all.empty() || all.back().first < reg.checkpoint_iteration, "accel: '",
+                    base.string(), "' already holds checkpoint_", all.empty() ? 0 : all.back().first,
+                    ", so checkpoint_", reg.checkpoint_iteration,
+                    " would not be the newest. Call load_state() first to continue the numbering "
+                    "of an earlier run, or use another project_dir.");
+      }
+      fs::remove_all(stage, ec);  // left by a killed save
+      fs::create_directories(stage, ec);
+      if (ec || !fs::is_directory(stage))
+        throw Error("accel: cannot create the checkpoint directory '" + stage.string() + "': " +
+                    ec.message() + ". Pass a directory that can be written.");
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  agree(reg, err, "save_state (creating the directory)", kSaveKept);
+
+  try {
+    write_process_files(reg, stage, rank);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(reg, err, "save_state (writing the files)", kSaveKept);
+
+  if (main) {
+    try {
+      nlohmann::json meta = {
+          {"format", std::string(kStateFormat)},
+          {"format_version", kStateFormatVersion},
+          {"accel_version", version_string},
+          {"world_size", comm.size()},
+          {"micro_step", reg.state->micro_step},
+          {"optimizer_steps", reg.state->optimizer_steps},
+          {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
+          {"models", reg.models.size()},
+          {"optimizers", reg.optimizers.size()},
+          {"optimizer_per_rank", reg.optimizer_per_rank},
+          {"schedulers", reg.schedulers.size()},
+          {"loaders", reg.loaders.size()},
+          {"custom_objects", reg.custom.size()},
+          {"loss_scaler", reg.scaler != nullptr}};
+      write_json(stage / kStateFile, meta);
+      fsync_path(stage, true);
+      crash_point("before_commit");
+      commit_directory(stage, target);
+      if (automatic && options.total_limit) {
+        auto all = list_checkpoints(base);
+        std::error_code ec;
+        for (std::size_t i = 0; i + static_cast<std::size_t>(*options.total_limit) < all.size(); ++i)
+          fs::remove_all(all[i].second, ec);
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  agree(reg, err, "save_state (committing the directory)", kSaveKept);
+  if (automatic) ++reg.checkpoint_iteration;
+  return target;
+}
+
+/// Restores the registry's state from dir, or (no dir) from the newest
+/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
+/// automatic number. Every process must call it. A bad checkpoint throws
+/// accel::Error on every process and changes nothing. Returns the directory read.
+inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  fs::path target;
+  std::optional<int64_t> number;
+  std::exception_ptr err;
+  ReadState s;
+  try {
+    if (dir) {
+      target = normal_dir(*dir);
+    } else {
+      const fs::path base = checkpoints_base(options, "load_state");
+      const auto all = list_checkpoints(base);
+      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
+                  base.string(), "'. Save one with save_state() first, or pass a directory.");
+      target = all.back().second;
+      number = all.back().first;
+    }
+    s = read_state(reg, readable_checkpoint(target));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+
+  ArchiveTransaction tx;
+  try {
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
+      tx.apply(reg.optimizers[i], s.optimizers[i], "optimizer", i);
+    for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
+      tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
+    for (std::size_t i = 0; i < reg.custom.size(); ++i)
+      tx.apply(reg.custom[i], s.custom[i], "registered object", i);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (failed_rank(reg, err == nullptr) >= 0) {
+    tx.rollback();
+    agree(reg, err, "load_state (restoring optimizers, schedulers and registered objects)",
+          kLoadKept);
+  }
+
+  // Validated above: nothing below can fail.
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      std::map<std::string, torch::Tensor> by_name(s.models[i].begin(), s.models[i].end());
+      for (auto& [key, t] : module_state(*reg.models[i])) {
+        torch::Tensor target_tensor = t;
+        target_tensor.copy_(by_name.at(key));
+      }
+    }
+  }
+  if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
+  s.generators.apply();
+  reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
+  reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
+  for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
+  for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
+  if (number) {
+    reg.checkpoint_iteration = *number + 1;
+  } else if (const auto it = s.meta.find("checkpoint_iteration");
+             it != s.meta.end() && it->is_number_integer()) {
+    reg.checkpoint_iteration = it->get<int64_t>() + 1;
+  }
+  return target;
+}
+
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_SAVE_STATE_HPP
+// end <accel/checkpoint/save_state.hpp>
+// begin <accel/ops/collectives.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the tensor collectives the Accelerator exposes (gather,
+/// reduce, broadcast, pad_across_processes), over any runtime::Communicator.
+#ifndef ACCEL_OPS_COLLECTIVES_HPP
+#define ACCEL_OPS_COLLECTIVES_HPP
+
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::ops {
+
+namespace detail {
+/// Every rank's sizes of `t` (dims must agree), as a [world, ndim] int64 tensor.
+inline torch::Tensor all_sizes(runtime::Communicator& comm, const torch::Tensor& t) {
+  auto mine = torch::tensor(t.sizes().vec(), torch::kLong);
+  auto all = torch::empty({comm.size() * t.dim()}, torch::kLong);
+  comm.all_gather(all, mine)->wait();
+  return all.view({comm.size(), t.dim()});
+}
+}  // namespace detail
+
+/// Concatenation along dim 0 of every rank's tensor (rank order). A 0-d tensor
+/// counts as shape [1]. With `check_shapes` (ACCEL_DEBUG_MODE) ranks whose
+/// shapes differ get an error listing every rank's shape instead of a hang or
+/// garbage.
+inline torch::Tensor gather(runtime::Communicator& comm, const torch::Tensor& tensor,
+                            bool check_shapes = false) {
+  auto t = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
+  if (comm.size() == 1) return t.clone();
+  if (check_shapes) {
+    auto dims = torch::tensor({static_cast<int64_t>(t.dim())}, torch::kLong);
+    auto all_dims = torch::empty({comm.size()}, torch::kLong);
+    comm.all_gather(all_dims, dims)->wait();
+    bool same = all_dims.eq(t.dim()).all().item<bool>();
+    auto sizes = same ? detail::all_sizes(comm, t) : torch::Tensor();
+    if (!same || !sizes.eq(sizes[0]).all().item<bool>()) {
+      std::ostringstream msg;
+      msg << "accel: gather() needs the same shape on every rank; rank " << comm.rank()
+          << " has " << t.sizes() << (same ? ", all ranks: " : "; ranks differ in dimensions")
+          << (same ? sizes : torch::Tensor()) << ". Call pad_across_processes() first.";
+      throw Error(msg.str());
+    }
+  }
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] *= comm.size();
+  auto out = torch::empty(shape, t.options());
+  comm.all_gather(out, t)->wait();
+  return out;
+}
+
+inline torch::Tensor reduce(runtime::Communicator& comm, const torch::Tensor& tensor,
+                            Reduction reduction = Reduction::Sum) {
+  auto t = tensor.contiguous().clone();
+  comm.all_reduce(t, runtime::ReduceOp::Sum)->wait();
+  if (reduction == Reduction::Mean) {
+    if (t.is_floating_point())
+      t.div_(comm.size());
+    else
+      t = t.div(comm.size(), "floor");
+  }
+  return t;
+}
+
+inline torch::Tensor broadcast(runtime::Communicator& comm, const torch::Tensor& tensor,
+                               int src = 0) {
+  ACCEL_CHECK(src >= 0 && src < comm.size(), "accel: broadcast() source rank ", src,
+              " is outside world size ", comm.size(), ". Use a rank in [0, ", comm.size(), ").");
+  auto t = tensor.contiguous().clone();
+  comm.broadcast(t, src)->wait();
+  return t;
+}
+
+/// Pads `dim` of every rank's tensor to the largest size across ranks with
+/// `pad_index` (at the front when pad_first), so they can be gathered.
+inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const torch::Tensor& tensor,
+                                          int64_t dim = 0, double pad_index = 0,
+                                          bool pad_first = false) {
+  if (tensor.dim() == 0) return tensor;
+  if (dim < 0) dim += tensor.dim();
+  ACCEL_CHECK(dim >= 0 && dim < tensor.dim(), "accel: pad_across_processes() dim ", dim,
+              " is outside a tensor of ", tensor.dim(), " dimensions. Pass a valid dim.");
+  auto sizes = detail::all_sizes(comm, tensor);
+  int64_t max_size = sizes.select(1, dim).max().item<int64_t>();
+  int64_t own = tensor.size(dim);
+  if (own == max_size) return tensor;
+  auto shape = tensor.sizes().vec();
+  shape[dim] = max_size;
+  auto out = torch::full(shape, pad_index, tensor.options());
+  out.narrow(dim, pad_first ? max_size - own : 0, own).copy_(tensor);
+  return out;
+}
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_COLLECTIVES_HPP
+// end <accel/ops/collectives.hpp>
+// begin <accel/shard/detail/bucket_reducer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::BucketReducer: averages gradients across
+/// ranks in buckets whose all-reduce starts from autograd hooks while backward
+/// is still running (shard::Replicate).
+#ifndef ACCEL_SHARD_DETAIL_BUCKET_REDUCER_HPP
+#define ACCEL_SHARD_DETAIL_BUCKET_REDUCER_HPP
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+
+namespace accel::shard::detail {
+
+/// Gradients live in a few flat buffers (buckets) that are allocated once and
+/// reused every step: each parameter's .grad is re-pointed at its slice, so
+/// autograd accumulates straight into the buffer and no copy is needed after
+/// the first step. Buckets hold parameters in reverse registration order
+/// (roughly the order backward produces them) and are all-reduced strictly in
+/// index order, so every rank issues the same sequence of collectives even
+/// when their gradients become ready in different orders.
+class BucketReducer final : public GradientSync {
+ public:
+  BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
+                int64_t bucket_bytes)
+      : params_(std::move(params)), comm_(std::move(comm)) {
+    build_buckets(bucket_bytes);
+    register_hooks();
+  }
+  BucketReducer(const BucketReducer&) = delete;
+  BucketReducer& operator=(const BucketReducer&) = delete;
+  ~BucketReducer() override {
+    // Hooks capture `this`: they must never run after destruction.
+    *alive_ = false;
+    try {
+      wait_launched();
+    } catch (...) {
+    }
+  }
+
+  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+
+  void finalize() override {
+    if (!round_started_) return;
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) fill_missing(b);
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
+    launch_ready();
+    wait_launched();
+    reset_round();
+  }
+
+  std::size_t num_buckets() const { return buckets_.size(); }
+  /// Number of buckets whose all-reduce was started from a backward hook in
+  /// the last round (the overlap that happened); exposed for tests/benchmarks.
+  std::size_t launched_during_backward() const { return launched_in_hooks_; }
+
+ private:
+  struct Slot {
+    std::size_t bucket;
+    int64_t offset;
+  };
+  struct Bucket {
+    torch::Tensor buffer;
+    std::vector<std::size_t> params;
+    std::size_t pending = 0;
+    std::shared_ptr<runtime::Work> work;
+  };
+
+  void build_buckets(int64_t bucket_bytes) {
+    slots_.resize(params_.size());
+    ready_.assign(params_.size(), false);
+    // Reverse order; a new bucket when the dtype/device changes or it is full.
+    std::vector<std::vector<std::size_t>> groups;
+    int64_t bytes = 0;
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const auto& p = params_[k];
+      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
+      if (!start) {
+        const auto& q = params_[groups.back().front()];
+        start = q.scalar_type() != p.scalar_type() || q.device() != p.device();
+      }
+      if (start) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      groups.back().push_back(k);
+      bytes += static_cast<int64_t>(p.nbytes());
+    }
+    for (auto& g : groups) {
+      Bucket b;
+      int64_t numel = 0;
+      for (auto k : g) {
+        slots_[k] = Slot{buckets_.size(), numel};
+        numel += params_[k].numel();
+      }
+      b.buffer = torch::zeros({numel}, params_[g.front()].options().requires_grad(false));
+      b.params = std::move(g);
+      b.pending = b.params.size();
+      buckets_.push_back(std::move(b));
+    }
+  }
+
+  // A tensor sharing the bucket's storage that is NOT an autograd view, so
+  // LibTorch's zero_grad (detach_ + zero_) and in-place accumulation keep it.
+  torch::Tensor slice_for(std::size_t k) const {
+    const auto& p = params_[k];
+    const auto& buf = buckets_[slots_[k].bucket].buffer;
+    return torch::empty({0}, buf.options())
+        .set_(buf.storage(), buf.storage_offset() + slots_[k].offset, p.sizes(),
+              c10::contiguous_strides(p.sizes()));
+  }
+
+  void adopt_grad(std::size_t k) {
+    auto& grad = params_[k].mutable_grad();
+    auto slice = slice_for(k);
+    if (grad.defined() && grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;
+    torch::NoGradGuard no_grad;
+    if (grad.defined())
+      slice.copy_(grad);
+    else
+      slice.zero_();
+    grad = slice;
+  }
+
+  void register_hooks() {
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+      TORCH_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator");
+      std::weak_ptr<bool> alive = alive_;
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k, alive](const torch::autograd::variable_list& outputs,
+                           const torch::autograd::variable_list&) {
+            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));  // keeps the node (and its hook) alive
+    }
+  }
+
+  void on_grad_ready(std::size_t k) {
+    if (!enabled_) return;
+    if (ready_[k]) {
+      // A second backward before the optimizer step: finish the first round
+      // (the average of averages is still the average) and start a new one.
+      finalize();
+    }
+    round_started_ = true;
+    ready_[k] = true;
+    adopt_grad(k);
+    auto& b = buckets_[slots_[k].bucket];
+    if (--b.pending == 0) {
+      std::size_t before = next_launch_;
+      launch_ready();
+      launched_in_hooks_ += next_launch_ - before;
+    }
+  }
+
+  void fill_missing(std::size_t b) {
+    for (auto k : buckets_[b].params)
+      if (!ready_[k]) adopt_grad(k);  // no gradient this round: contributes its current value (zero after zero_grad)
+  }
+
+  void launch_ready() {
+    const double inv_world = 1.0 / comm_->size();
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+      auto& b = buckets_[next_launch_++];
+      if (comm_->size() > 1) {
+        b.buffer.mul_(inv_world);
+        b.work = comm_->all_reduce(b.buffer, runtime::ReduceOp::Sum);
+      }
+    }
+  }
+
+  void wait_launched() {
+    for (auto& b : buckets_) {
+      if (b.work) {
+        auto w = std::move(b.work);
+        w->wait();
+      }
+    }
+  }
+
+  void reset_round() {
+    for (auto& b : buckets_) b.pending = b.params.size();
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_launch_ = 0;
+    round_started_ = false;
+  }
+
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<runtime::Communicator> comm_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<bool> ready_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::size_t next_launch_ = 0;
+  std::size_t launched_in_hooks_ = 0;
+  bool enabled_ = true;
+  bool round_started_ = false;
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_BUCKET_REDUCER_HPP
+// end <accel/shard/detail/bucket_reducer.hpp>
+
+namespace accel {
+
+namespace detail {
+inline bool env_flag(const char* name) {
+  auto v = runtime::detail::getenv_str(name);
+  if (!v) return false;
+  std::string s = *v;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
+}
+
+/// The parameters of a prepared model, or of a range of tensors.
+template <class T>
+std::vector<torch::Tensor> parameters_of(T&& params) {
+  if constexpr (requires { params.get()->parameters(); })
+    return params.get()->parameters();
+  else
+    return std::vector<torch::Tensor>(std::begin(params), std::end(params));
+}
+}  // namespace detail
+
+template <class Backend = backend::SingleDevice, class Precision = precision::Fp32,
+          class Shard = shard::Replicate>
+class Accelerator {
+  // The checks' own static_asserts carry the messages; this one instantiates them.
+  static_assert(check_accelerator_policies<Backend, Precision, Shard>::value,
+                "accel: invalid Accelerator<Backend, Precision, Shard>; see the message above.");
+
+ public:
+  using backend_type = Backend;
+  using precision_type = Precision;
+  using shard_type = Shard;
+
+  /// Reads rank and world from the environment (API.md section 5) and joins
+  /// the other processes through the backend.
+  explicit Accelerator(AcceleratorOptions options = {})
+      : options_(std::move(options)), state_(std::make_shared<detail::TrainingState>()) {
+    ACCEL_CHECK(options_.gradient_accumulation_steps >= 1,
+                "accel: gradient_accumulation_steps must be at least 1 (got ",
+                options_.gradient_accumulation_steps, "). Use 1 to step on every batch.");
+    if constexpr (Backend::multi_process) env_ = runtime::ProcessEnv::discover();
+    state_->device = Backend::device(env_);
+    if constexpr (Precision::loss_scaling) {
+      ACCEL_CHECK(state_->device.is_cuda(),
+                  "accel: precision::Fp16 needs a CUDA device (float16 autocast and loss scaling "
+                  "are CUDA features), and this process runs on ", state_->device,
+                  ". Use precision::Bf16 on CPU.");
+    }
+    if (state_->device.is_cuda()) torch::cuda::synchronize(state_->device.index());
+    state_->comm = Backend::make_communicator(env_, options_);
+    state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
+    debug_ = detail::env_flag("ACCEL_DEBUG_MODE");
+    if constexpr (Precision::loss_scaling) install_loss_scaler();
+  }
+
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  torch::Device device() const { return state_->device; }
+  int process_index() const { return env_.rank; }
+  int local_process_index() const { return env_.local_rank; }
+  int num_processes() const { return env_.world_size; }
+  bool is_main_process() const { return env_.rank == 0; }
+  bool is_local_main_process() const { return env_.local_rank == 0; }
+  bool is_last_process() const { return env_.rank == env_.world_size - 1; }
+  const AcceleratorOptions& options() const { return options_; }
+  int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
+  /// The communicator every collective of this Accelerator goes through.
+  runtime::Communicator& communicator() const { return *state_->comm; }
+
+  /// Hands back each argument prepared, in the order given (see API.md §3):
+  /// models on device() with synchronised gradients, optimizers that step
+  /// only when they should, loaders sharded across ranks, schedulers that
+  /// advance once per real optimizer step.
+  template <class... Ts>
+  auto prepare(Ts&&... objects) {
+    constexpr bool supported =
+        ((detail::prepare_kind<std::remove_cvref_t<Ts>>() != PrepareKind::Unsupported) && ...);
+    if constexpr (supported) {
+      using result = detail::prepare_result_t<Ts...>;
+      static_assert(std::tuple_size_v<result> == sizeof...(Ts));
+      // Braced initialisation evaluates left to right: models before the
+      // optimizers that refer to their parameters.
+      return result{prepare_one(std::forward<Ts>(objects))...};
+    } else {
+      // Instantiates the diagnostic that names the position and type.
+      return detail::prepare_result_t<Ts...>{};
+    }
+  }
+
+  /// Divides the loss by the accumulation steps, scales it (Fp16), runs backward.
+  void backward(const torch::Tensor& loss) {
+    auto l = loss;
+    if (options_.gradient_accumulation_steps > 1) l = l / options_.gradient_accumulation_steps;
+    if constexpr (Precision::loss_scaling) l = scaler_->scale(l);
+    l.backward();
+  }
+
+  /// The precision policy's autocast for user code (prepared models already
+  /// run under it).
+  [[nodiscard]] precision::AutocastGuard autocast() const {
+    return precision::AutocastGuard(state_->device.type(), Precision::autocast_dtype,
+                                    Precision::autocast);
+  }
+
+  class AccumulateGuard {
+   public:
+    AccumulateGuard(shard::detail::GradientSync& sync, bool sync_now) : sync_(&sync) {
+      sync_->set_sync_enabled(sync_now);
+    }
+    ~AccumulateGuard() {
+      if (sync_) sync_->set_sync_enabled(true);
+    }
+    AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
+    AccumulateGuard(const AccumulateGuard&) = delete;
+    AccumulateGuard& operator=(const AccumulateGuard&) = delete;
+    AccumulateGuard& operator=(AccumulateGuard&&) = delete;
+
+   private:
+    shard::detail::GradientSync* sync_;
+  };
+
+  /// Gradient accumulation: inside, gradients are synchronised (and the
+  /// optimizer steps) only on every gradient_accumulation_steps-th entry or on
+  /// the last batch of the loader; other entries do no communication at all.
+  template <class M>
+  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>& model) {
+    const auto* loader = data::active_loader_state();
+    bool sync;
+    if (loader != nullptr && loader->end_of_dataloader) {
+      state_->micro_step = 0;
+      sync = true;
+    } else {
+      ++state_->micro_step;
+      sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
+    }
+    state_->sync_gradients = sync;
+    return AccumulateGuard(model.gradient_sync(), sync);
+  }
+
+  bool sync_gradients() const { return state_->sync_gradients; }
+  bool optimizer_step_was_skipped() const { return state_->last_step_skipped; }
+
+  /// Clips the global gradient norm (after the gradients are averaged and,
+  /// for Fp16, unscaled once). A no-op returning 0 on the non-sync
+  /// micro-steps of accumulate(): clipping belongs to the step that syncs.
+  template <class Params>
+  double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
+    if (!state_->sync_gradients) return 0.0;
+    auto ps = detail::parameters_of(std::forward<Params>(params));
+    prepare_gradients_for_clipping(ps);
+    return torch::nn::utils::clip_grad_norm_(ps, max_norm, norm_type);
+  }
+
+  template <class Params>
+  void clip_grad_value_(Params&& params, double clip_value) {
+    if (!state_->sync_gradients) return;
+    auto ps = detail::parameters_of(std::forward<Params>(params));
+    prepare_gradients_for_clipping(ps);
+    torch::nn::utils::clip_grad_value_(ps, clip_value);
+  }
+
+  torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
+
+  /// gather(), minus the samples that even_batches duplicated on the last
+  /// batch of the loader being iterated: exactly one result per dataset item.
+  torch::Tensor gather_for_metrics(const torch::Tensor& t) {
+    auto all = gather(t);
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
+        loader->remainder < all.size(0))
+      return all.narrow(0, 0, loader->remainder);
+    return all;
+  }
+
+  torch::Tensor reduce(const torch::Tensor& t, Reduction r = Reduction::Sum) {
+    return ops::reduce(*state_->comm, t, r);
+  }
+  torch::Tensor pad_across_processes(const torch::Tensor& t, int64_t dim = 0,
+                                     double pad_index = 0, bool pad_first = false) {
+    return ops::pad_across_processes(*state_->comm, t, dim, pad_index, pad_first);
+  }
+  torch::Tensor broadcast(const torch::Tensor& t, int src = 0) {
+    return ops::broadcast(*state_->comm, t, src);
+  }
+  void wait_for_everyone() { state_->comm->barrier(); }
+
+  class MainProcessFirst {
+   public:
+    MainProcessFirst(runtime::Communicator& comm, bool main) : comm_(&comm), main_(main) {
+      if (!main_) comm_->barrier();
+    }
+    ~MainProcessFirst() noexcept(false) {
+      if (comm_ && main_) comm_->barrier();
+    }
+    MainProcessFirst(MainProcessFirst&& o) noexcept
+        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_) {}
+    MainProcessFirst(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(MainProcessFirst&&) = delete;
+
+   private:
+    runtime::Communicator* comm_;
+    bool main_;
+  };
+  /// The main process runs the block first (downloads, preprocessing), the
+  /// others after it finished.
+  [[nodiscard]] MainProcessFirst main_process_first() {
+    return MainProcessFirst(*state_->comm, is_main_process());
+  }
+
+  /// Prints (to std::cout, one line) on the main process only.
+  template <class... A>
+  void print(A&&... args) {
+    if (!is_main_process()) return;
+    ((std::cout << std::forward<A>(args)), ...);
+    std::cout << std::endl;
+  }
+
+  template <class M>
+  M& unwrap_model(PreparedModel<M>& model) {
+    return model.module();
+  }
+
+  /// Writes the model's weights as safetensors (model.safetensors, or shards
+  /// plus model.safetensors.index.json), keys as the user's module names
+  /// them. The main process writes; everyone returns when the files exist.
+  template <class M>
+  void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
+                  SaveModelOptions opts = {}) {
+    state_->finalize_gradients();
+    if (is_main_process()) checkpoint::save_module(*model.get(), dir, opts);
+    wait_for_everyone();
+  }
+
+  /// A loader sharing `loader`'s position whose next loop leaves out the first
+  /// num_batches (per process) of the current epoch; loops after it, of either
+  /// loader, are whole epochs. (load_state() already positions prepared
+  /// loaders; calling this afterwards with the same count changes nothing.)
+  template <class L>
+    requires data::is_data_loader_v<std::remove_cvref_t<L>>
+  auto skip_first_batches(L& loader, int64_t num_batches) {
+    ACCEL_CHECK(num_batches >= 0, "accel: skip_first_batches needs a non-negative count (got ",
+                num_batches, "). Pass the number of batches already processed in this epoch.");
+    std::remove_cvref_t<L> copy = loader;  // plain copies share the position
+    copy.restore(data::LoaderCheckpoint{loader.epoch(), num_batches});
+    return copy;
+  }
+
+  /// Writes models, optimizers, schedulers, loader positions, the loss scaler,
+  /// every process's generator states, the step counters and the registered
+  /// objects to dir, atomically; without dir, to
+  /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
+  /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
+  void save_state(std::optional<std::filesystem::path> dir = {}) {
+    sync_registry();
+    checkpoint::save_state(registry_, options_, std::move(dir));
+  }
+  /// Restores what save_state() wrote (without dir: the newest automatic
+  /// checkpoint, and the numbering continues after it). A bad checkpoint is
+  /// an accel::Error on every process, with nothing changed.
+  void load_state(std::optional<std::filesystem::path> dir = {}) {
+    sync_registry();
+    checkpoint::load_state(registry_, options_, std::move(dir));
+  }
+  /// Adds obj to what save_state()/load_state() cover (see
+  /// checkpoint::Checkpointable); obj must outlive those calls.
+  template <checkpoint::Checkpointable T>
+  void register_for_checkpointing(T& obj) {
+    registry_.add_custom(obj);
+  }
+
+  void end_training() { wait_for_everyone(); }
+
+  /// The loss scaler of precision::Fp16 (nullptr otherwise).
+  precision::LossScaler* loss_scaler() const { return scaler_.get(); }
+
+ private:
+  template <class A>
+  auto prepare_one(A&& a) {
+    using T = std::remove_cvref_t<A>;
+    constexpr PrepareKind kind = detail::prepare_kind<T>();
+    if constexpr (kind == PrepareKind::Model) {
+      return prepare_model(T(std::forward<A>(a)));
+    } else if constexpr (kind == PrepareKind::Optimizer) {
+      auto opt = detail::share(std::forward<A>(a));
+      registry_.add_optimizer(opt);
+      return typename detail::prepared_type<0, T>::type(std::move(opt), state_);
+    } else if constexpr (kind == PrepareKind::DataLoader) {
+      return prepare_loader(T(std::forward<A>(a)));
+    } else if constexpr (kind == PrepareKind::Scheduler) {
+      auto sched = detail::share(std::forward<A>(a));
+      typename detail::prepared_type<0, T>::type prepared(sched, state_,
+                                                          options_.step_scheduler_with_optimizer);
+      registry_.add_scheduler(std::move(sched), prepared.seen_steps());
+      return prepared;
+    }
+  }
+
+  template <class M>
+  PreparedModel<M> prepare_model(M model) {
+    auto* module = detail::module_ptr(model);
+    module->to(state_->device);
+    std::shared_ptr<shard::detail::GradientSync> sync;
+    if (state_->comm->size() > 1) {
+      broadcast_from_main(module->parameters());
+      broadcast_from_main(module->buffers());
+      std::vector<torch::Tensor> trainable;
+      for (auto& p : module->parameters())
+        if (p.requires_grad()) trainable.push_back(p);
+      sync = std::make_shared<shard::detail::BucketReducer>(
+          std::move(trainable), state_->comm,
+          static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024));
+    } else {
+      sync = std::make_shared<shard::detail::NoSync>();
+    }
+    state_->syncs.push_back(sync);
+    registry_.add_model(model);
+    return PreparedModel<M>(std::move(model), state_, std::move(sync), Precision::autocast,
+                            Precision::autocast_dtype);
+  }
+
+  template <class L>
+  L prepare_loader(L loader) {
+    // Its own position, shared with the copies the user iterates (save_state).
+    if (state_->comm->size() > 1)
+      loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
+                                              options_.even_batches});
+    else
+      loader = loader.detached();
+    loader.set_device(state_->device);
+    registry_.add_loader(loader);
+    return loader;
+  }
+
+  // Replicas start equal: rank 0's values, one flat broadcast per dtype.
+  void broadcast_from_main(std::vector<torch::Tensor> tensors) {
+    torch::NoGradGuard no_grad;
+    std::map<at::ScalarType, std::vector<torch::Tensor>> by_dtype;
+    for (auto& t : tensors)
+      if (t.defined() && t.numel() > 0) by_dtype[t.scalar_type()].push_back(t);
+    for (auto& [dtype, ts] : by_dtype) {
+      std::vector<torch::Tensor> flat_parts;
+      for (auto& t : ts) flat_parts.push_back(t.reshape(-1));
+      auto flat = torch::cat(flat_parts);
+      state_->comm->broadcast(flat, 0)->wait();
+      int64_t off = 0;
+      for (auto& t : ts) {
+        t.copy_(flat.narrow(0, off, t.numel()).view_as(t));
+        off += t.numel();
+      }
+    }
+  }
+
+  void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {
+    state_->finalize_gradients();
+    if constexpr (Precision::loss_scaling) scaler_->unscale(params, *state_->comm);
+  }
+
+  void install_loss_scaler() {
+    scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
+    scaler_->set_comm_device(state_->comm->backend_name() == "Nccl" ? state_->device
+                                                                    : torch::Device(torch::kCPU));
+    std::weak_ptr<precision::LossScaler> weak = scaler_;
+    auto comm = state_->comm;
+    state_->before_step = [weak, comm](torch::optim::Optimizer& opt) {
+      auto s = weak.lock();
+      std::vector<torch::Tensor> params;
+      for (auto& g : opt.param_groups())
+        for (auto& p : g.params()) params.push_back(p);
+      return !s->unscale(params, *comm);
+    };
+    state_->after_step = [weak](bool) { weak.lock()->update(); };
+  }
+
+  AcceleratorOptions options_;
+  runtime::ProcessEnv env_;
+  std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<precision::LossScaler> scaler_;
+  bool debug_ = false;
+  checkpoint::StateRegistry registry_;  ///< what save_state() covers
+
+  void sync_registry() {
+    registry_.state = state_;
+    registry_.scaler = scaler_;
+    registry_.optimizer_per_rank = !std::is_same_v<Shard, shard::Replicate>;
+  }
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_ACCELERATOR_HPP
+// end <accel/accelerator.hpp>
+
+#endif  // ACCEL_ACCEL_HPP
+// end <accel/accel.hpp>
