@@ -11,9 +11,7 @@
 #include <accel/backend/concept.hpp>
 #include <accel/config.hpp>
 #include <accel/errors.hpp>
-#if ACCEL_WITH_NCCL
-#include <accel/runtime/nccl_communicator.hpp>
-#endif
+#include <accel/runtime/nccl_communicator.hpp>  // empty unless ACCEL_WITH_NCCL
 
 namespace accel::backend {
 
