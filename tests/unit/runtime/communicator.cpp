@@ -367,35 +367,40 @@ void check_half_types(Communicator& comm) {
 TEST_CASE("mpi collectives under mpirun", "[.mpi]") {
   auto env = ProcessEnv::discover();
   REQUIRE(env.world_size > 1);
-  auto comm = make_mpi_communicator(env, MpiOptions{60s, std::nullopt});
-  REQUIRE(comm->rank() == env.rank);
-  REQUIRE(comm->size() == env.world_size);
-  REQUIRE(comm->backend_name() == "mpi");
-  check_collectives(*comm);
-  check_half_types(*comm);
-  // A collective nobody else joins yet times out with accel::TimeoutError on
-  // rank 0; once the others join, waiting again completes it.
-  auto lonely = make_mpi_communicator(env, MpiOptions{500ms, std::nullopt});
-  auto t = torch::ones({4});
-  std::shared_ptr<Work> w;
-  if (comm->rank() == 0) {
-    w = lonely->all_reduce(t);
-    auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_AS(w->wait(), accel::TimeoutError);
-    CHECK(std::chrono::steady_clock::now() - start < 5s);
-    CHECK_THROWS_WITH(w->wait(), Catch::Contains("mpi all_reduce did not finish on rank 0"));
-  }
-  comm->barrier();
-  if (comm->rank() != 0) w = lonely->all_reduce(t);
-  for (int attempt = 0;; ++attempt) {
-    try {
-      w->wait();
-      break;
-    } catch (const accel::TimeoutError&) {
-      REQUIRE(attempt < 20);
+  for (auto mode : {MpiProgress::Thread, MpiProgress::Test}) {
+    INFO("progress " << (mode == MpiProgress::Thread ? "thread" : "test"));
+    auto comm = make_mpi_communicator(env, MpiOptions{60s, std::nullopt, mode});
+    REQUIRE(comm->rank() == env.rank);
+    REQUIRE(comm->size() == env.world_size);
+    REQUIRE(comm->backend_name() == "mpi");
+    REQUIRE(comm->progress() == mode);  // Debian's OpenMPI has MPI_THREAD_MULTIPLE
+    check_collectives(*comm);
+    check_half_types(*comm);
+    // A collective nobody else joins yet times out with accel::TimeoutError on
+    // rank 0; once the others join, waiting again completes it.
+    auto lonely = make_mpi_communicator(env, MpiOptions{500ms, std::nullopt, mode});
+    auto t = torch::ones({4});
+    std::shared_ptr<Work> w;
+    if (comm->rank() == 0) {
+      w = lonely->all_reduce(t);
+      auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS_AS(w->wait(), accel::TimeoutError);
+      CHECK(std::chrono::steady_clock::now() - start < 5s);
+      CHECK_THROWS_WITH(w->wait(), Catch::Contains("mpi all_reduce did not finish on rank 0"));
     }
+    comm->barrier();
+    if (comm->rank() != 0) w = lonely->all_reduce(t);
+    for (int attempt = 0;; ++attempt) {
+      try {
+        w->wait();
+        break;
+      } catch (const accel::TimeoutError&) {
+        REQUIRE(attempt < 20);
+      }
+    }
+    CHECK(torch::equal(t, torch::full({4}, env.world_size, torch::kFloat)));
+    comm->barrier();
   }
-  CHECK(torch::equal(t, torch::full({4}, env.world_size, torch::kFloat)));
 }
 
 // Processes that mpirun did not start join as OpenMPI singletons through an
