@@ -17,6 +17,7 @@
 
 #include <accel/backend.hpp>
 #include <accel/checkpoint/save_model.hpp>
+#include <accel/checkpoint/save_state.hpp>
 #include <accel/compatibility.hpp>
 #include <accel/data.hpp>
 #include <accel/detail/training_state.hpp>
@@ -264,10 +265,41 @@ class Accelerator {
     wait_for_everyone();
   }
 
+  /// A loader sharing `loader`'s position whose next loop leaves out the first
+  /// num_batches (per process) of the current epoch; loops after it, of either
+  /// loader, are whole epochs. (load_state() already positions prepared
+  /// loaders; calling this afterwards with the same count changes nothing.)
   template <class L>
     requires data::is_data_loader_v<std::remove_cvref_t<L>>
   auto skip_first_batches(L& loader, int64_t num_batches) {
-    return loader.skip_first_batches(num_batches);
+    ACCEL_CHECK(num_batches >= 0, "accel: skip_first_batches needs a non-negative count (got ",
+                num_batches, "). Pass the number of batches already processed in this epoch.");
+    std::remove_cvref_t<L> copy = loader;  // plain copies share the position
+    copy.restore(data::LoaderCheckpoint{loader.epoch(), num_batches});
+    return copy;
+  }
+
+  /// Writes models, optimizers, schedulers, loader positions, the loss scaler,
+  /// every process's generator states, the step counters and the registered
+  /// objects to dir, atomically; without dir, to
+  /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
+  /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
+  void save_state(std::optional<std::filesystem::path> dir = {}) {
+    sync_registry();
+    checkpoint::save_state(registry_, options_, std::move(dir));
+  }
+  /// Restores what save_state() wrote (without dir: the newest automatic
+  /// checkpoint, and the numbering continues after it). A bad checkpoint is
+  /// an accel::Error on every process, with nothing changed.
+  void load_state(std::optional<std::filesystem::path> dir = {}) {
+    sync_registry();
+    checkpoint::load_state(registry_, options_, std::move(dir));
+  }
+  /// Adds obj to what save_state()/load_state() cover (see
+  /// checkpoint::Checkpointable); obj must outlive those calls.
+  template <checkpoint::Checkpointable T>
+  void register_for_checkpointing(T& obj) {
+    registry_.add_custom(obj);
   }
 
   void end_training() { wait_for_everyone(); }
@@ -283,12 +315,17 @@ class Accelerator {
     if constexpr (kind == PrepareKind::Model) {
       return prepare_model(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Optimizer) {
-      return typename detail::prepared_type<0, T>::type(detail::share(std::forward<A>(a)), state_);
+      auto opt = detail::share(std::forward<A>(a));
+      registry_.add_optimizer(opt);
+      return typename detail::prepared_type<0, T>::type(std::move(opt), state_);
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Scheduler) {
-      return typename detail::prepared_type<0, T>::type(detail::share(std::forward<A>(a)), state_,
-                                                        options_.step_scheduler_with_optimizer);
+      auto sched = detail::share(std::forward<A>(a));
+      typename detail::prepared_type<0, T>::type prepared(sched, state_,
+                                                          options_.step_scheduler_with_optimizer);
+      registry_.add_scheduler(std::move(sched), prepared.seen_steps());
+      return prepared;
     }
   }
 
@@ -310,16 +347,21 @@ class Accelerator {
       sync = std::make_shared<shard::detail::NoSync>();
     }
     state_->syncs.push_back(sync);
+    registry_.add_model(model);
     return PreparedModel<M>(std::move(model), state_, std::move(sync), Precision::autocast,
                             Precision::autocast_dtype);
   }
 
   template <class L>
   L prepare_loader(L loader) {
+    // Its own position, shared with the copies the user iterates (save_state).
     if (state_->comm->size() > 1)
       loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
                                               options_.even_batches});
+    else
+      loader = loader.detached();
     loader.set_device(state_->device);
+    registry_.add_loader(loader);
     return loader;
   }
 
@@ -368,6 +410,13 @@ class Accelerator {
   std::shared_ptr<detail::TrainingState> state_;
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
+  checkpoint::StateRegistry registry_;  ///< what save_state() covers
+
+  void sync_registry() {
+    registry_.state = state_;
+    registry_.scaler = scaler_;
+    registry_.optimizer_per_rank = !std::is_same_v<Shard, shard::Replicate>;
+  }
 };
 
 }  // namespace accel

@@ -77,6 +77,34 @@ struct LRSchedulerAccess : torch::optim::LRScheduler {
   static auto step_count_member() { return &LRSchedulerAccess::step_count_; }
 };
 
+// LibTorch's Optimizer::load restores the per-parameter state but keeps the
+// param-group options (learning rate, momentum...) the optimizer has now;
+// they are saved and restored beside it, through the options' own serialize().
+inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& out) {
+  opt.save(out);
+  const auto& groups = opt.param_groups();
+  out.write("accel.param_groups/size", torch::tensor(static_cast<int64_t>(groups.size())));
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    torch::serialize::OutputArchive options(out.compilation_unit());
+    groups[i].options().serialize(options);
+    out.write("accel.param_groups/" + std::to_string(i), options);
+  }
+}
+inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& in) {
+  opt.load(in);  // checks the group count and sizes (c10::Error)
+  torch::Tensor size;
+  in.read("accel.param_groups/size", size);
+  auto& groups = opt.param_groups();
+  TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
+              "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
+              groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    torch::serialize::InputArchive options;
+    in.read("accel.param_groups/" + std::to_string(i), options);
+    groups[i].options().serialize(options);
+  }
+}
+
 /// save/load closures for one object (the object must outlive them).
 struct Archived {
   std::function<void(torch::serialize::OutputArchive&)> save;
@@ -88,6 +116,9 @@ Archived archived(T& obj) {
   if constexpr (accel::detail::is_model_v<T>) {
     auto* m = accel::detail::module_ptr(obj);
     return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
+  } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) {
+    torch::optim::Optimizer* p = &obj;
+    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); }};
   } else if constexpr (ArchiveCheckpointable<T>) {
     T* p = &obj;
     return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
@@ -143,6 +174,7 @@ struct StateRegistry {
   std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
   std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
+  bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
 
   template <class M>
   void add_model(const M& model) {
@@ -157,8 +189,9 @@ struct StateRegistry {
   /// opt is kept alive by the registry.
   template <class O>
   void add_optimizer(std::shared_ptr<O> opt) {
-    O* p = opt.get();
-    optimizers.push_back({[opt, p](auto& out) { p->save(out); }, [opt, p](auto& in) { p->load(in); }});
+    torch::optim::Optimizer* p = opt.get();
+    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
+                          [opt, p](auto& in) { detail::load_optimizer(*p, in); }});
   }
 
   template <class S>

@@ -32,12 +32,13 @@ class AcceleratedScheduler {
   AcceleratedScheduler(std::shared_ptr<S> scheduler, std::shared_ptr<detail::TrainingState> state,
                        bool step_with_optimizer)
       : sched_(std::move(scheduler)), state_(std::move(state)),
-        step_with_optimizer_(step_with_optimizer), seen_steps_(state_->optimizer_steps) {}
+        step_with_optimizer_(step_with_optimizer),
+        seen_steps_(std::make_shared<int64_t>(state_->optimizer_steps)) {}
 
   void step() {
     if (step_with_optimizer_) {
-      if (state_->optimizer_steps == seen_steps_) return;  // no real optimizer step since the last call
-      seen_steps_ = state_->optimizer_steps;
+      if (state_->optimizer_steps == *seen_steps_) return;  // no real optimizer step since the last call
+      *seen_steps_ = state_->optimizer_steps;
     }
     sched_->step();
   }
@@ -45,12 +46,15 @@ class AcceleratedScheduler {
   S* operator->() const { return sched_.get(); }
   S& operator*() const { return *sched_; }
   S& scheduler() const { return *sched_; }
+  /// The optimizer step count this scheduler last stepped at, shared by
+  /// copies; load_state() sets it to the restored count.
+  const std::shared_ptr<int64_t>& seen_steps() const { return seen_steps_; }
 
  private:
   std::shared_ptr<S> sched_;
   std::shared_ptr<detail::TrainingState> state_;
   bool step_with_optimizer_;
-  int64_t seen_steps_;
+  std::shared_ptr<int64_t> seen_steps_;
 };
 
 }  // namespace accel

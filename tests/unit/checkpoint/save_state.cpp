@@ -1,0 +1,430 @@
+// Accelerator::save_state / load_state on one process: everything comes
+// back bit-exactly, automatic naming and rotation, registered objects, and
+// bad checkpoints that change nothing.
+#include <accel/accelerator.hpp>
+#include <accel/sched/one_cycle_lr.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <catch2/catch.hpp>
+
+#include "workload.hpp"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  const char* base = std::getenv("ACCEL_TEST_TMP");
+  auto dir = fs::path(base ? base : "/tmp") / "save_state" / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+/// A step counter the user registers (state_dict concept).
+struct Counter {
+  int64_t step = 0;
+  torch::Tensor state_dict() const { return torch::tensor(step); }
+  void load_state_dict(const torch::Tensor& t) { step = t.item<int64_t>(); }
+};
+
+torch::nn::Sequential small_mlp(uint64_t seed, int64_t hidden = 32) {
+  torch::manual_seed(seed);
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Linear(16, hidden));
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(torch::nn::Dropout(0.25));
+  seq->push_back(torch::nn::Linear(hidden, 4));
+  return seq;
+}
+
+/// 72 rows: 9 batches of 8 per epoch.
+auto small_loader(bool shuffle = true) {
+  torch::manual_seed(0);
+  workload::Data d{torch::randn({72, 16}), torch::randint(0, 4, {72}, torch::kLong)};
+  return accel::data::make_data_loader(
+      workload::Dataset(d), accel::data::LoaderOptions{.batch_size = 8, .shuffle = shuffle, .seed = 7});
+}
+
+std::vector<torch::Tensor> params_of(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+std::vector<torch::Tensor> momenta(torch::optim::SGD& opt) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : opt.param_groups()[0].params()) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    out.push_back(it == opt.state().end()
+                      ? torch::Tensor()
+                      : static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
+  }
+  return out;
+}
+
+/// Trains until counter.step == until; saves to save_dir after step save_at.
+template <class A, class M, class O, class L, class S>
+void train(A& acc, M& m, O& opt, L& dl, S& sched, Counter& c, int64_t until, int64_t save_at = -1,
+           const fs::path& save_dir = {}) {
+  while (c.step < until) {
+    for (auto& batch : dl) {
+      opt.zero_grad();
+      auto loss = torch::cross_entropy_loss(m(batch.data), batch.target);
+      acc.backward(loss);
+      opt.step();
+      sched.step();
+      ++c.step;
+      if (c.step == save_at) acc.save_state(save_dir);
+      if (c.step >= until) break;
+    }
+  }
+}
+
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("save_state/load_state resume a single process bit-exactly", "[checkpoint][save_state]") {
+  const auto dir = scratch("roundtrip") / "ckpt";
+  std::vector<torch::Tensor> reference;
+  double reference_lr = 0;
+  {
+    accel::Accelerator<> acc;
+    auto model = small_mlp(1);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::StepLR steplr(sgd, 4, 0.5);
+    Counter counter;
+    auto [m, opt, dl, sched] = acc.prepare(model, sgd, small_loader(), steplr);
+    acc.register_for_checkpointing(counter);
+    // Step 12 is batch 3 of epoch 1: a checkpoint in mid-epoch; the run goes on.
+    train(acc, m, opt, dl, sched, counter, 20, 12, dir);
+    reference = params_of(*model);
+    reference_lr = sgd.param_groups()[0].options().get_lr();
+  }
+  CHECK(listing(dir) == std::set<std::string>{"accel_state.json", "model.safetensors", "optimizer.pt",
+                                              "scheduler.pt", "custom_checkpoint_0.pt",
+                                              "random_states_0.pt", "loaders_0.json"});
+  CHECK(!fs::exists(dir.string() + ".accel-tmp"));
+
+  // A new run: other initial weights, other generator state, then load.
+  accel::Accelerator<> acc;
+  auto model = small_mlp(99);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::StepLR steplr(sgd, 4, 0.5);
+  Counter counter;
+  auto [m, opt, dl, sched] = acc.prepare(model, sgd, small_loader(), steplr);
+  acc.register_for_checkpointing(counter);
+  torch::manual_seed(12345);
+  acc.load_state(dir);
+  CHECK(counter.step == 12);
+  CHECK(dl.checkpoint().epoch == 1);
+  CHECK(dl.checkpoint().batches_yielded == 3);
+  train(acc, m, opt, dl, sched, counter, 20);
+  CHECK(all_equal(params_of(*model), reference));
+  CHECK(sgd.param_groups()[0].options().get_lr() == reference_lr);
+}
+
+TEST_CASE("after load_state, skip_first_batches continues the epoch and later epochs are whole",
+          "[checkpoint][save_state][skip]") {
+  const auto dir = scratch("skip") / "ckpt";
+  auto reference = small_loader();
+  std::vector<torch::Tensor> expected;
+  for (int e = 0; e < 3; ++e)
+    for (auto& b : reference) expected.push_back(b.target.clone());
+  {
+    accel::Accelerator<> acc;
+    auto [dl] = acc.prepare(small_loader());
+    int64_t n = 0;
+    for (auto& b : dl) {  // epoch 0
+      (void)b;
+      ++n;
+    }
+    for (auto& b : dl) {  // epoch 1, interrupted after 4 batches
+      (void)b;
+      if (++n == 13) {
+        acc.save_state(dir);
+        break;
+      }
+    }
+  }
+  accel::Accelerator<> acc;
+  auto [dl] = acc.prepare(small_loader());
+  acc.load_state(dir);
+  auto skipped = acc.skip_first_batches(dl, 4);  // Accelerate's idiom: same count
+  std::vector<torch::Tensor> got;
+  for (auto& b : skipped) got.push_back(b.target.clone());
+  for (auto& b : dl) got.push_back(b.target.clone());  // the original: epoch 2, whole
+  REQUIRE(got.size() == 5 + 9);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(torch::equal(got[i], expected[13 + i]));
+}
+
+TEST_CASE("automatic checkpoint naming keeps total_limit and continues the numbering after load",
+          "[checkpoint][save_state][naming]") {
+  const auto project = scratch("naming");
+  accel::AcceleratorOptions o;
+  o.project_dir = project.string();
+  o.automatic_checkpoint_naming = true;
+  o.total_limit = 2;
+  const auto base = project / "checkpoints";
+  {
+    accel::Accelerator<> acc(o);
+    auto model = small_mlp(1);
+    auto [m] = acc.prepare(model);
+    for (int i = 0; i < 3; ++i) acc.save_state();
+    CHECK(listing(base) == std::set<std::string>{"checkpoint_1", "checkpoint_2"});
+  }
+  {
+    // A new run that does not load first would number from 0 again (and its
+    // checkpoint would be the one rotated away): refused, nothing written.
+    accel::Accelerator<> acc(o);
+    auto model = small_mlp(1);
+    auto [m] = acc.prepare(model);
+    CHECK_THROWS_WITH(acc.save_state(), Contains("already holds checkpoint_2") &&
+                                            Contains("Call load_state() first"));
+    CHECK(listing(base) == std::set<std::string>{"checkpoint_1", "checkpoint_2"});
+  }
+  accel::Accelerator<> acc(o);
+  auto model = small_mlp(5);
+  auto [m] = acc.prepare(model);
+  acc.load_state();  // the newest: checkpoint_2
+  acc.save_state();
+  CHECK(listing(base) == std::set<std::string>{"checkpoint_2", "checkpoint_3"});
+
+  accel::Accelerator<> plain;
+  CHECK_THROWS_WITH(plain.save_state(), Contains("needs AcceleratorOptions::project_dir"));
+}
+
+TEST_CASE("register_for_checkpointing: modules, optimizers, schedulers, state_dict objects",
+          "[checkpoint][save_state][register]") {
+  const auto dir = scratch("register") / "ckpt";
+  struct Bag {
+    std::vector<torch::Tensor> v;
+    std::vector<torch::Tensor> state_dict() const { return v; }
+    void load_state_dict(std::vector<torch::Tensor> x) { v = std::move(x); }
+  };
+  auto make = [](uint64_t seed) {
+    torch::manual_seed(seed);
+    return torch::nn::Linear(3, 2);
+  };
+  torch::Tensor adam_avg, lin_w, shared_w;
+  double one_cycle_lr = 0;
+  {
+    accel::Accelerator<> acc;
+    auto lin = make(1);
+    auto shared = std::make_shared<torch::nn::LinearImpl>(2, 2);
+    torch::optim::Adam adam(lin->parameters(), torch::optim::AdamOptions(0.1));
+    accel::sched::OneCycleLR cycle(adam, 0.1, 10);
+    Bag bag{{torch::arange(3), torch::ones({2, 2})}};
+    for (int i = 0; i < 3; ++i) {
+      adam.zero_grad();
+      lin(torch::ones({1, 3})).sum().backward();
+      adam.step();
+      cycle.step();
+    }
+    acc.register_for_checkpointing(lin);
+    acc.register_for_checkpointing(shared);
+    acc.register_for_checkpointing(adam);
+    acc.register_for_checkpointing(cycle);
+    acc.register_for_checkpointing(bag);
+    acc.save_state(dir);
+    lin_w = lin->weight.detach().clone();
+    shared_w = shared->weight.detach().clone();
+    adam_avg = static_cast<torch::optim::AdamParamState&>(
+                   *adam.state().at(c10::guts::to_string(lin->weight.unsafeGetTensorImpl())))
+                   .exp_avg()
+                   .clone();
+    one_cycle_lr = cycle.get_last_lr()[0];
+  }
+  accel::Accelerator<> acc;
+  auto lin = make(2);
+  auto shared = std::make_shared<torch::nn::LinearImpl>(2, 2);
+  torch::optim::Adam adam(lin->parameters(), torch::optim::AdamOptions(0.1));
+  accel::sched::OneCycleLR cycle(adam, 0.1, 10);
+  Bag bag;
+  acc.register_for_checkpointing(lin);
+  acc.register_for_checkpointing(shared);
+  acc.register_for_checkpointing(adam);
+  acc.register_for_checkpointing(cycle);
+  acc.register_for_checkpointing(bag);
+  acc.load_state(dir);
+  CHECK(torch::equal(lin->weight, lin_w));
+  CHECK(torch::equal(shared->weight, shared_w));
+  CHECK(torch::equal(static_cast<torch::optim::AdamParamState&>(
+                         *adam.state().at(c10::guts::to_string(lin->weight.unsafeGetTensorImpl())))
+                         .exp_avg(),
+                     adam_avg));
+  CHECK(cycle.step_count() == 3);
+  CHECK(adam.param_groups()[0].options().get_lr() == one_cycle_lr);
+  REQUIRE(bag.v.size() == 2);
+  CHECK(torch::equal(bag.v[1], torch::ones({2, 2})));
+}
+
+TEST_CASE("the loss scaler's scale and growth tracker are saved", "[checkpoint][save_state][scaler]") {
+  // precision::Fp16 needs CUDA; the registry is driven directly on CPU.
+  const auto dir = scratch("scaler") / "ckpt";
+  auto make_registry = [] {
+    accel::checkpoint::StateRegistry reg;
+    reg.state = std::make_shared<accel::detail::TrainingState>();
+    reg.state->comm = accel::backend::SingleDevice::make_communicator(accel::runtime::ProcessEnv{},
+                                                                      accel::AcceleratorOptions{});
+    reg.scaler = std::make_shared<accel::precision::LossScaler>();
+    return reg;
+  };
+  auto saved = make_registry();
+  saved.scaler->load(1024.0, 7);
+  saved.state->micro_step = 5;
+  accel::checkpoint::save_state(saved, {}, dir);
+  auto loaded = make_registry();
+  accel::checkpoint::load_state(loaded, {}, dir);
+  CHECK(loaded.scaler->scale() == 1024.0);
+  CHECK(loaded.scaler->growth_tracker() == 7);
+  CHECK(loaded.state->micro_step == 5);
+  // A run without a scaler cannot take that checkpoint.
+  auto plain = make_registry();
+  plain.scaler.reset();
+  CHECK_THROWS_WITH(accel::checkpoint::load_state(plain, {}, dir),
+                    Contains("was saved with a loss scaler"));
+}
+
+TEST_CASE("bad checkpoints are clear errors and change nothing", "[checkpoint][save_state][errors]") {
+  const auto root = scratch("bad");
+  const auto good = root / "good";
+  {
+    accel::Accelerator<> acc;
+    auto model = small_mlp(1);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    Counter counter;
+    auto [m, opt, dl] = acc.prepare(model, sgd, small_loader());
+    acc.register_for_checkpointing(counter);
+    auto sched = std::make_shared<torch::optim::StepLR>(sgd, 100);
+    train(acc, m, opt, dl, *sched, counter, 5);
+    acc.save_state(good);
+  }
+  // The running state: trained a little differently, mid-epoch.
+  accel::Accelerator<> acc;
+  auto model = small_mlp(3);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  Counter counter;
+  auto [m, opt, dl] = acc.prepare(model, sgd, small_loader());
+  acc.register_for_checkpointing(counter);
+  auto sched = std::make_shared<torch::optim::StepLR>(sgd, 100);
+  train(acc, m, opt, dl, *sched, counter, 2);
+  const auto params = params_of(*model);
+  const auto mom = momenta(sgd);
+  const auto pos = dl.checkpoint();
+  const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  auto untouched = [&] {
+    CHECK(all_equal(params_of(*model), params));
+    CHECK(all_equal(momenta(sgd), mom));
+    CHECK(dl.checkpoint().epoch == pos.epoch);
+    CHECK(dl.checkpoint().batches_yielded == pos.batches_yielded);
+    CHECK(counter.step == 2);
+    CHECK(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng));
+  };
+  auto copy_good = [&](const std::string& name) {
+    const auto d = root / name;
+    fs::remove_all(d);
+    fs::copy(good, d, fs::copy_options::recursive);
+    return d;
+  };
+
+  SECTION("missing directory") {
+    CHECK_THROWS_WITH(acc.load_state(root / "nowhere"),
+                      Contains("nowhere' does not exist") && Contains("save_state()"));
+    untouched();
+  }
+  SECTION("missing files are named") {
+    const auto d = copy_good("missing");
+    fs::remove(d / "optimizer.pt");
+    fs::remove(d / "loaders_0.json");
+    CHECK_THROWS_WITH(acc.load_state(d), Contains("lacks [optimizer.pt, loaders_0.json]"));
+    fs::remove(d / "accel_state.json");
+    CHECK_THROWS_WITH(acc.load_state(d), Contains("accel_state.json' is missing"));
+    untouched();
+  }
+  SECTION("a model whose keys or shapes differ lists the keys") {
+    accel::Accelerator<> other;
+    auto wide = small_mlp(3, 48);
+    torch::optim::SGD wide_sgd(wide->parameters(), torch::optim::SGDOptions(0.05));
+    Counter c2;
+    auto [wm, wopt, wdl] = other.prepare(wide, wide_sgd, small_loader());
+    other.register_for_checkpointing(c2);
+    auto wide_sched = std::make_shared<torch::optim::StepLR>(wide_sgd, 100);
+    (void)wide_sched;
+    const auto before = params_of(*wide);
+    CHECK_THROWS_WITH(other.load_state(good),
+                      Contains("mismatched keys [0.weight (checkpoint Float[32, 16], model Float[48, 16])") &&
+                          Contains("3.weight") && Contains("Nothing was loaded"));
+    CHECK(all_equal(params_of(*wide), before));
+    CHECK(c2.step == 0);
+  }
+  SECTION("another world size") {
+    const auto d = copy_good("world");
+    auto meta = nlohmann::json::parse(std::ifstream(d / "accel_state.json"));
+    meta["world_size"] = 4;
+    std::ofstream(d / "accel_state.json") << meta.dump();
+    CHECK_THROWS_WITH(acc.load_state(d), Contains("was saved by 4 processes but this run has 1") &&
+                                             Contains("Resume with 4 processes"));
+    untouched();
+  }
+  SECTION("other objects registered") {
+    Counter extra;
+    acc.register_for_checkpointing(extra);
+    CHECK_THROWS_WITH(acc.load_state(good),
+                      Contains("holds 1 registered objects but this Accelerator has 2"));
+    untouched();
+  }
+  for (const char* file : {"model.safetensors", "optimizer.pt", "random_states_0.pt",
+                           "custom_checkpoint_0.pt", "loaders_0.json", "accel_state.json"}) {
+    SECTION(std::string("truncated ") + file) {
+      const auto d = copy_good(std::string("trunc_") + file);
+      fs::resize_file(d / file, fs::file_size(d / file) / 2);
+      CHECK_THROWS_WITH(acc.load_state(d), Contains(file) && (Contains("truncated") || Contains("corrupt") ||
+                                                              Contains("invalid safetensors")));
+      untouched();
+    }
+  }
+  SECTION("an optimizer that fails while loading is rolled back with the rest") {
+    // Valid files, but the registered object refuses its state: the optimizer,
+    // loaded just before it, must be put back.
+    struct Fussy {
+      torch::Tensor state_dict() const { return torch::zeros({1}); }
+      void load_state_dict(const torch::Tensor&) { throw std::runtime_error("refused"); }
+    };
+    accel::Accelerator<> other;
+    auto m2 = small_mlp(3);
+    torch::optim::SGD sgd2(m2->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    Fussy fussy;
+    auto [pm, popt, pdl] = other.prepare(m2, sgd2, small_loader());
+    other.register_for_checkpointing(fussy);
+    Counter c3;
+    train(other, pm, popt, pdl, *std::make_shared<torch::optim::StepLR>(sgd2, 100), c3, 1);
+    const auto mom2 = momenta(sgd2);
+    const auto p2 = params_of(*m2);
+    CHECK_THROWS_WITH(other.load_state(good), Contains("cannot restore registered object 0") &&
+                                                  Contains("refused"));
+    CHECK(all_equal(momenta(sgd2), mom2));
+    CHECK(all_equal(params_of(*m2), p2));
+  }
+  SECTION("the good checkpoint loads") {
+    acc.load_state(good);
+    CHECK(counter.step == 5);
+  }
+}
