@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Workload W on 2 processes: PyTorch's Python DDP (gloo) vs accel Gloo and
+# accel Mpi, with 25 MiB buckets overlapped with backward and with one flat
+# all-reduce after backward (bucket_cap_mb = 1e6). The contenders run one
+# after the other, ROUNDS times, so all of them see the same machine load.
+#
+#   bench/run_ddp.sh [BUILD_DIR=build-bench] [ROUNDS=3]
+#
+# Environment: MPIRUN_ARGS (default "--bind-to none": no contender is pinned,
+# as the forked ones are not), PYTHON (default /usr/bin/python3, Debian's
+# python3-torch). Every process uses one intra-op thread, and OpenBLAS one
+# thread (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, the same for everyone).
+# Each contender checks W's loss gate (mean over ranks: 2.298264 at step 0,
+# 2.311658 at step 32) and fails the script if it does not reproduce it.
+# Prints every run's RESULT line, then one table over all windows of all
+# rounds (ms/step: min and median) with the ratio to Python DDP.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build-bench}" && pwd)
+rounds=${2:-3}
+python=${PYTHON:-/usr/bin/python3}
+mpirun_args=${MPIRUN_ARGS:---bind-to none}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+bin=$build/bench/w_ddp
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+run() {  # label command...
+  local out
+  if ! out=$("$@" 2>&1); then
+    echo "$out" | tail -n 20 >&2
+    echo "run_ddp.sh: $1 failed" >&2
+    exit 1
+  fi
+  echo "$out" | grep '^RESULT' | tee -a "$log"
+}
+for ((r = 1; r <= rounds; r++)); do
+  echo "-- round $r"
+  run "$python" "$root/bench/w_ddp.py" --port $((29611 + r))
+  run "$bin" gloo
+  run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi
+  run "$bin" gloo flat
+  run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi flat
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# RESULT name min median loss0 loss32 gate buckets launched w1 w2 w3
+awk -v rounds="$rounds" '
+  function sort(a, n,   i, j, t) { for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t } }
+  {
+    name = $2; if (!(name in n)) order[++k] = name
+    for (f = 10; f <= 12; f++) w[name, ++n[name]] = $f
+    gate[name] = (name in gate && gate[name] != "ok") ? gate[name] : $7
+    buckets[name] = $8; launched[name] = $9
+  }
+  END {
+    label["python_ddp_gloo"] = "Python DDP, gloo (torch 1.13)"
+    label["accel_gloo"] = "accel Gloo, 25 MiB buckets, overlapped"
+    label["accel_mpi"] = "accel Mpi, 25 MiB buckets, overlapped"
+    label["accel_gloo_flat"] = "accel Gloo, one flat all-reduce after backward"
+    label["accel_mpi_flat"] = "accel Mpi, one flat all-reduce after backward"
+    for (i = 1; i <= k; i++) {
+      name = order[i]; m = n[name]
+      for (j = 1; j <= m; j++) v[j] = w[name, j]
+      sort(v, m)
+      mn[name] = v[1]; md[name] = (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+    }
+    printf "\nW, 2 processes, per-rank batch 32, %d rounds x 3 windows of 10 steps (ms/step)\n", rounds
+    print "| contender | min | median | min / DDP min | median / DDP median | buckets | all-reduces started in backward (33 steps) | loss gate |"
+    print "|---|---|---|---|---|---|---|---|"
+    for (i = 1; i <= k; i++) {
+      name = order[i]
+      printf "| %s | %.1f | %.1f | %.2fx | %.2fx | %s | %s | %s |\n", (name in label) ? label[name] : name,
+        mn[name], md[name], mn[name] / mn["python_ddp_gloo"], md[name] / md["python_ddp_gloo"],
+        buckets[name], launched[name], gate[name]
+    }
+  }' "$log"

@@ -1,0 +1,154 @@
+// Workload W (shared/WORKLOAD.md) on 2 processes through accel's
+// data-parallel Accelerator (shard::Replicate), Gloo or MPI backend.
+//
+//   build-bench/bench/w_ddp gloo [flat] [loader]          (forks 2 workers with accel::notebook_launcher)
+//   mpirun --allow-run-as-root -np 2 build-bench/bench/w_ddp mpi [flat] [loader]
+//
+// flat:   AcceleratorOptions::bucket_cap_mb = 1e6, i.e. ONE bucket holding all
+//         40 MB of gradients, all-reduced after backward ends (no overlap);
+//         default: 25 MiB buckets started from autograd hooks during backward.
+// loader: batches from accel's sharded data loader over TensorDataset (batch
+//         32 per rank, no shuffle); default: narrow() slices of X and Y, as the
+//         Python DDP contender (bench/w_ddp.py) does.
+// Step i, rank r: rows [64b + 32r, 64b + 32r + 32), b = i % 100. One intra-op
+// thread per process. Timing: 3 warm-up steps, then 3 windows of 10 steps,
+// with a barrier before and after each window; a window's time is the slowest
+// rank's. Rank 0 prints one line:
+//   RESULT <name> <min ms/step> <median ms/step> <loss0> <loss32> <gate ok|FAIL> <buckets> <launched in backward> <w1> <w2> <w3>
+// where the losses are the mean over ranks (the gate: 2.298264 and 2.311658).
+#include <accel/accel.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../tests/support/workload.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 3, kWindows = 3, kWindowSteps = 10;
+constexpr int kSteps = kWarmup + kWindows * kWindowSteps;  // 33
+constexpr int64_t kGlobalBatch = 64;
+constexpr double kLoss0 = 2.298264, kLossLast = 2.311658;
+
+template <class Backend>
+void run(std::string name, bool flat, bool use_loader) {
+  at::set_num_threads(1);
+  accel::AcceleratorOptions opts;
+  if (flat) opts.bucket_cap_mb = 1e6;
+  accel::Accelerator<Backend> acc(opts);
+  const int rank = acc.process_index();
+  const int world = acc.num_processes();
+  const int64_t per_rank = kGlobalBatch / world;
+
+  const auto d = workload::make_data();
+  auto model = workload::make_model();
+  torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
+  auto loader = accel::data::make_data_loader(
+      accel::data::TensorDataset(d.x, d.y),
+      accel::data::LoaderOptions{.batch_size = per_rank, .shuffle = false});
+  auto [m, opt, dl] = acc.prepare(model, sgd, loader);
+  // Rank r gets loader batches r, r + world, ...: W's rows (only started when used).
+  std::optional<decltype(dl.begin())> it;
+  if (use_loader) it = dl.begin();
+
+  double loss0 = 0, loss_last = 0;
+  auto step = [&](int i) {
+    torch::Tensor x, y;
+    if (use_loader) {
+      auto& batch = **it;
+      x = batch.data;
+      y = batch.target;
+      ++*it;
+    } else {
+      const int64_t row = kGlobalBatch * (i % 100) + per_rank * rank;
+      x = d.x.narrow(0, row, per_rank);
+      y = d.y.narrow(0, row, per_rank);
+    }
+    opt.zero_grad();
+    torch::Tensor loss = torch::cross_entropy_loss(m(x), y);
+    acc.backward(loss);
+    opt.step();
+    if (i == 0) loss0 = loss.item<double>();
+    if (i == kSteps - 1) loss_last = loss.item<double>();
+  };
+
+  int i = 0;
+  for (; i < kWarmup; ++i) step(i);
+  std::vector<double> windows;
+  for (int w = 0; w < kWindows; ++w) {
+    acc.wait_for_everyone();
+    auto t0 = Clock::now();
+    for (int s = 0; s < kWindowSteps; ++s, ++i) step(i);
+    acc.wait_for_everyone();
+    auto t = torch::tensor(
+        {std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / kWindowSteps});
+    acc.communicator().all_reduce(t, accel::runtime::ReduceOp::Max)->wait();
+    windows.push_back(t.item<double>());
+  }
+  auto losses = torch::tensor({loss0, loss_last});
+  losses = acc.reduce(losses, accel::Reduction::Mean);
+
+  std::size_t buckets = 1, launched = 0;
+  if (auto* br = dynamic_cast<accel::shard::detail::BucketReducer*>(&m.gradient_sync())) {
+    buckets = br->num_buckets();
+    launched = br->launched_during_backward();
+  }
+  if (rank == 0) {
+    auto sorted = windows;
+    std::sort(sorted.begin(), sorted.end());
+    const double l0 = losses[0].item<double>(), l1 = losses[1].item<double>();
+    const bool ok = std::abs(l0 - kLoss0) < 5e-6 && std::abs(l1 - kLossLast) < 5e-6;
+    std::printf("RESULT %s %.2f %.2f %.6f %.6f %s %zu %zu %.2f %.2f %.2f\n", name.c_str(),
+                sorted.front(), sorted[sorted.size() / 2], l0, l1, ok ? "ok" : "FAIL", buckets,
+                launched, windows[0], windows[1], windows[2]);
+    std::fflush(stdout);
+    if (!ok) throw std::runtime_error("accel: " + name + " did not reproduce W's losses");
+  }
+  acc.wait_for_everyone();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || (std::strcmp(argv[1], "gloo") != 0 && std::strcmp(argv[1], "mpi") != 0)) {
+    std::fprintf(stderr, "usage: w_ddp gloo|mpi [flat] [loader]\n");
+    return 2;
+  }
+  const std::string backend = argv[1];
+  bool flat = false, use_loader = false;
+  for (int a = 2; a < argc; ++a) {
+    flat = flat || std::strcmp(argv[a], "flat") == 0;
+    use_loader = use_loader || std::strcmp(argv[a], "loader") == 0;
+  }
+  const std::string name = "accel_" + backend + (flat ? "_flat" : "") + (use_loader ? "_loader" : "");
+  try {
+    if (backend == "gloo") {
+      accel::LaunchOptions lo;
+      lo.num_processes = 2;
+      lo.master_port = 0;  // a free port
+      lo.timeout = std::chrono::seconds(300);
+      accel::notebook_launcher(run<accel::backend::Gloo>, std::make_tuple(name, flat, use_loader), lo);
+    } else {
+#if ACCEL_WITH_MPI
+      run<accel::backend::Mpi>(name, flat, use_loader);
+#else
+      std::fprintf(stderr, "w_ddp: this build has no MPI\n");
+      return 2;
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "w_ddp %s failed: %s\n", name.c_str(), e.what());
+    return 1;
+  }
+  return 0;
+}
