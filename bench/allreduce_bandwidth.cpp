@@ -37,12 +37,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Times the variants round-robin (so they see the same machine load);
+/// Times the variants round-robin (so they see the same machine load),
+/// rotating which goes first (the first after MPI calls pays for the peers'
+/// spinning MPI threads);
 /// returns the median seconds of each.
 std::vector<double> time_all(int iters, const std::vector<std::function<void()>>& variants) {
   std::vector<std::vector<double>> t(variants.size());
   for (int i = 0; i < iters + 2; ++i) {  // the first two of each are warm-up
-    for (std::size_t v = 0; v < variants.size(); ++v) {
+    for (std::size_t j = 0; j < variants.size(); ++j) {
+      const std::size_t v = (i + j) % variants.size();  // rotate who goes first
       MPI_Barrier(MPI_COMM_WORLD);
       auto t0 = Clock::now();
       variants[v]();
