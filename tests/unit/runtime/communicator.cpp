@@ -455,3 +455,34 @@ TEST_CASE("mpi through notebook_launcher (singleton join)", "[runtime][mpi_join]
       },
       std::make_tuple(), o));
 }
+
+#if ACCEL_WITH_MPI
+TEST_CASE("mpi: a joined rank that exits makes the other fail within the timeout",
+          "[runtime][mpi_join]") {
+  if (accel::runtime::detail::find_program("ompi-server").empty()) {
+    WARN("ompi-server not on PATH: skipped");
+    return;
+  }
+  const auto path = scratch("mpi_dead.store");
+  auto codes = fork_ranks(2, [&](int rank) {
+    auto comm = make_mpi_communicator(env_for(rank, 2, 0), MpiOptions{3s, path});
+    comm->barrier();
+    if (rank == 1) ::_exit(0);
+    auto t = torch::ones({1000});
+    auto start = std::chrono::steady_clock::now();
+    try {
+      comm->all_reduce(t)->wait();
+    } catch (const accel::Error& e) {
+      const std::string msg = e.what();
+      if (std::chrono::steady_clock::now() - start > 8s)
+        throw std::runtime_error("error came too late: " + msg);
+      if (msg.find("all_reduce") == std::string::npos || msg.find("rank 0 of 2") == std::string::npos)
+        throw std::runtime_error("message does not name op and rank: " + msg);
+      ::_exit(0);  // MPI state is broken: leave without MPI_Finalize
+    }
+    throw std::runtime_error("all_reduce with a dead peer did not fail");
+  }, 60s);
+  require_all_zero(codes);
+  std::filesystem::remove(path);
+}
+#endif
