@@ -29,6 +29,8 @@
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
 #include <accel/shard/detail/bucket_reducer.hpp>
+#include <accel/tracking/progress.hpp>
+#include <accel/tracking/trackers.hpp>
 
 namespace accel {
 
@@ -302,7 +304,32 @@ class Accelerator {
     registry_.add_custom(obj);
   }
 
-  void end_training() { wait_for_everyone(); }
+  /// Starts the trackers (JSONL, CSV, TensorBoard; see tracking/trackers.hpp)
+  /// in project_dir/project_name and writes config there as config.json. Every
+  /// process calls it; only the main process writes.
+  void init_trackers(const std::string& project_name, const tracking::Config& config = {},
+                     tracking::TrackerOptions which = {}) {
+    trackers_.init(options_.project_dir, project_name, config, which, is_main_process());
+  }
+  /// Logs values at step (default: the count of earlier log() calls) from the
+  /// main process; the others return at once.
+  void log(const tracking::Values& values, std::optional<int64_t> step = {}) {
+    trackers_.log(values, step);
+  }
+  tracking::Trackers& trackers() { return trackers_; }
+  /// A progress bar drawn by the local main process only, and only on a
+  /// terminal (ACCEL_DISABLE_PROGRESS=1 or options.enabled = false turn it off).
+  [[nodiscard]] tracking::ProgressBar progress(int64_t total, std::string description = {},
+                                               tracking::ProgressOptions options = {}) {
+    options.main_process = options.main_process && is_local_main_process();
+    return tracking::ProgressBar(total, std::move(description), options);
+  }
+
+  /// Closes the trackers' files, then waits for every process.
+  void end_training() {
+    trackers_.finish();
+    wait_for_everyone();
+  }
 
   /// The loss scaler of precision::Fp16 (nullptr otherwise).
   precision::LossScaler* loss_scaler() const { return scaler_.get(); }
@@ -411,6 +438,7 @@ class Accelerator {
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
   checkpoint::StateRegistry registry_;  ///< what save_state() covers
+  tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {
     registry_.state = state_;
