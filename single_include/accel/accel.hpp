@@ -1597,9 +1597,161 @@ struct Mpi {
 #include <memory>
 #include <string_view>
 
+// begin <accel/runtime/nccl_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::NcclCommunicator: the Communicator over c10d's
+/// ProcessGroupNCCL, one CUDA device per process. Only in CUDA builds of
+/// LibTorch (ACCEL_WITH_NCCL); backend::Nccl is its only user.
+#ifndef ACCEL_RUNTIME_NCCL_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_NCCL_COMMUNICATOR_HPP
+
 #if ACCEL_WITH_NCCL
-#include <accel/runtime/nccl_communicator.hpp>
-#endif
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/torch.h>
+
+
+namespace accel::runtime {
+
+namespace detail {
+/// A c10d NCCL work: wait() blocks the host until the collective finished on
+/// the device, within the timeout, and names the op when it fails.
+class NcclWork final : public Work {
+ public:
+  NcclWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
+           std::chrono::milliseconds timeout)
+      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout) {}
+  void wait() override {
+    if (done_) return;
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      rethrow_collective_error(e, "nccl", op_, rank_, size_, timeout_);
+    }
+    done_ = true;
+  }
+  bool is_completed() override { return done_ || work_->isCompleted(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string op_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  bool done_ = false;
+};
+}  // namespace detail
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env,
+                   torch::Device device, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), rank_(env.rank), size_(env.world_size), device_(device),
+        timeout_(timeout) {
+    c10::cuda::set_device(device_.index());
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout_;
+    try {
+      pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, size_, opts);
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, "nccl", "rendezvous", rank_, size_, timeout_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend_name() const override { return "Nccl"; }
+
+  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
+    check(tensor, "all_reduce");
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    return launch("all_reduce", [&] { return pg_->allreduce(ts, o); });
+  }
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    check(input, "all_gather");
+    check(output, "all_gather");
+    ACCEL_CHECK(output.numel() == input.numel() * size_, "accel: all_gather output has ",
+                output.numel(), " elements, expected world size x ", input.numel(), ".");
+    auto out = output.view(-1);
+    auto in = input.reshape(-1);
+    return launch("all_gather", [&] { return pg_->_allgather_base(out, in); });
+  }
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op = ReduceOp::Sum) override {
+    check(input, "reduce_scatter");
+    check(output, "reduce_scatter");
+    ACCEL_CHECK(input.numel() == output.numel() * size_, "accel: reduce_scatter input has ",
+                input.numel(), " elements, expected world size x ", output.numel(), ".");
+    auto out = output.view(-1);
+    auto in = input.reshape(-1);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    return launch("reduce_scatter", [&] { return pg_->_reduce_scatter_base(out, in, o); });
+  }
+  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
+    check(tensor, "broadcast");
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = timeout_;
+    return launch("broadcast", [&] { return pg_->broadcast(ts, o); });
+  }
+  void barrier() override {
+    // A one-element all-reduce on this rank's device: NCCL's own barrier
+    // guesses the device from the rank, which is wrong with several nodes.
+    auto t = torch::zeros({1}, torch::TensorOptions().device(device_));
+    all_reduce(t)->wait();
+    torch::cuda::synchronize(device_.index());
+  }
+
+ private:
+  void check(const torch::Tensor& t, const char* op) const {
+    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device() == device_, "accel: nccl ", op,
+                " needs a contiguous tensor on ", device_, ". Move it with .to(accelerator.device()).");
+  }
+  template <class Start>
+  std::shared_ptr<Work> launch(const char* op, Start&& start) {
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = start();
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, "nccl", op, rank_, size_, timeout_);
+    }
+    return std::make_shared<detail::NcclWork>(std::move(w), op, rank_, size_, timeout_);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  torch::Device device_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+};
+
+/// Rendezvous (TCPStore on MASTER_ADDR:MASTER_PORT, or a FileStore) and an
+/// NCCL process group over all ranks of `env`, on `device`.
+inline std::shared_ptr<Communicator> make_nccl_communicator(const ProcessEnv& env,
+                                                            torch::Device device,
+                                                            std::chrono::milliseconds timeout,
+                                                            std::optional<std::string> file_store) {
+  auto store = make_store(env, StoreOptions{timeout, std::move(file_store)});
+  return std::make_shared<NcclCommunicator>(std::move(store), env, device, timeout);
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_WITH_NCCL
+#endif  // ACCEL_RUNTIME_NCCL_COMMUNICATOR_HPP
+// end <accel/runtime/nccl_communicator.hpp>
 
 namespace accel::backend {
 
@@ -8260,6 +8412,679 @@ class BucketReducer final : public GradientSync {
 
 #endif  // ACCEL_SHARD_DETAIL_BUCKET_REDUCER_HPP
 // end <accel/shard/detail/bucket_reducer.hpp>
+// begin <accel/tracking/progress.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::tracking::ProgressBar: a one-line progress bar (steps,
+/// rate, elapsed, ETA) redrawn with '\r' on a terminal, silent otherwise.
+#ifndef ACCEL_TRACKING_PROGRESS_HPP
+#define ACCEL_TRACKING_PROGRESS_HPP
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::tracking {
+
+struct ProgressOptions {
+  /// nullopt: on when the stream is a terminal and ACCEL_DISABLE_PROGRESS is
+  /// not set; true/false force it (forcing on still needs a main process).
+  std::optional<bool> enabled{};
+  /// Whether this process draws at all (the Accelerator passes
+  /// is_local_main_process()).
+  bool main_process = true;
+  std::FILE* stream = stdout;
+  /// At most one redraw per interval (10/s): drawing is cheap, terminals are not.
+  double min_interval_s = 0.1;
+  int bar_width = 24;
+};
+
+namespace detail {
+
+/// "05:07", or "1:02:03" past an hour; "?" for a negative or non-finite time.
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%02lld:%02lld", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  return buf;
+}
+
+/// "12.34it/s", or "2.50s/it" below one step per second (as tqdm), "?it/s" unknown.
+inline std::string format_rate(double steps_per_second) {
+  if (!std::isfinite(steps_per_second) || steps_per_second <= 0) return "?it/s";
+  char buf[32];
+  if (steps_per_second >= 1.0)
+    std::snprintf(buf, sizeof buf, "%.2fit/s", steps_per_second);
+  else
+    std::snprintf(buf, sizeof buf, "%.2fs/it", 1.0 / steps_per_second);
+  return buf;
+}
+
+/// "[######----]" with width cells; n clamped to [0, total].
+inline std::string format_bar(int64_t n, int64_t total, int width) {
+  if (width <= 0) return "";
+  int64_t filled = 0;
+  if (total > 0) filled = std::min<int64_t>(width, std::max<int64_t>(0, n) * width / total);
+  std::string s = "[";
+  s.append(static_cast<size_t>(filled), '#');
+  s.append(static_cast<size_t>(width - filled), '-');
+  s += ']';
+  return s;
+}
+
+/// Values shown after the counters: "loss=0.1235" (4 significant digits).
+inline std::string format_postfix(const std::vector<std::pair<std::string, double>>& values) {
+  std::string s;
+  for (const auto& [k, v] : values) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    s += (s.empty() ? "" : ", ") + k + "=" + buf;
+  }
+  return s;
+}
+
+/// The whole line, without '\r': "train  40%[####------] 4/10 [00:02<00:03, 2.00it/s, loss=0.5]".
+/// total <= 0 means unknown: no percentage, bar or ETA.
+inline std::string format_line(const std::string& desc, int64_t n, int64_t total,
+                               double elapsed_s, int bar_width,
+                               const std::vector<std::pair<std::string, double>>& postfix = {}) {
+  const double rate = elapsed_s > 0 ? static_cast<double>(n) / elapsed_s : 0.0;
+  std::string line = desc.empty() ? "" : desc + " ";
+  if (total > 0) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%3d%%",
+                  static_cast<int>(100 * std::min<int64_t>(n, total) / total));
+    line += pct + format_bar(n, total, bar_width) + " " + std::to_string(n) + "/" +
+            std::to_string(total) + " [" + format_duration(elapsed_s) + "<" +
+            format_duration(rate > 0 ? static_cast<double>(total - n) / rate : -1.0) + ", ";
+  } else {
+    line += std::to_string(n) + " [" + format_duration(elapsed_s) + ", ";
+  }
+  line += format_rate(rate);
+  if (!postfix.empty()) line += ", " + format_postfix(postfix);
+  return line + "]";
+}
+
+inline bool env_disables_progress() {
+  const char* v = std::getenv("ACCEL_DISABLE_PROGRESS");
+  if (v == nullptr) return false;
+  std::string s = v;
+  return !(s.empty() || s == "0" || s == "no" || s == "false" || s == "off");
+}
+
+}  // namespace detail
+
+/// Whether a bar with these options draws: main process, and either forced on
+/// or (default) a terminal without ACCEL_DISABLE_PROGRESS.
+inline bool progress_enabled(const ProgressOptions& o) {
+  if (!o.main_process || o.stream == nullptr) return false;
+  if (o.enabled) return *o.enabled;
+  if (detail::env_disables_progress()) return false;
+  return ::isatty(::fileno(o.stream)) == 1;
+}
+
+/// tqdm's everyday subset. update() advances and redraws at most every
+/// min_interval_s; close() (or the destructor) draws the final state and ends
+/// the line. Disabled bars only count.
+class ProgressBar {
+ public:
+  using clock = std::chrono::steady_clock;
+  using Postfix = std::vector<std::pair<std::string, double>>;
+
+  explicit ProgressBar(int64_t total, std::string desc = {}, ProgressOptions options = {})
+      : total_(total), desc_(std::move(desc)), options_(options),
+        enabled_(progress_enabled(options_)), start_(clock::now()) {
+    if (enabled_) draw();
+  }
+  ProgressBar(ProgressBar&& o) noexcept
+      : total_(o.total_), n_(o.n_), desc_(std::move(o.desc_)), options_(o.options_),
+        enabled_(std::exchange(o.enabled_, false)), closed_(std::exchange(o.closed_, true)),
+        start_(o.start_), last_draw_(o.last_draw_), postfix_(std::move(o.postfix_)),
+        width_(o.width_) {}
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+  ProgressBar& operator=(ProgressBar&&) = delete;
+  ~ProgressBar() { close(); }
+
+  /// Advances by steps; values (e.g. {{"loss", x}}) replace the shown postfix.
+  void update(int64_t steps = 1, Postfix values = {}) {
+    n_ += steps;
+    if (!values.empty()) postfix_ = std::move(values);
+    if (!enabled_ || closed_) return;
+    auto now = clock::now();
+    const bool last = total_ > 0 && n_ >= total_;
+    if (last || std::chrono::duration<double>(now - last_draw_).count() >= options_.min_interval_s)
+      draw();
+  }
+  void set_postfix(Postfix values) { postfix_ = std::move(values); }
+  void set_description(std::string desc) { desc_ = std::move(desc); }
+
+  /// Final redraw and newline; idempotent.
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (!enabled_) return;
+    draw();
+    std::fputc('\n', options_.stream);
+    std::fflush(options_.stream);
+  }
+
+  int64_t n() const { return n_; }
+  int64_t total() const { return total_; }
+  bool enabled() const { return enabled_; }
+  double elapsed_seconds() const {
+    return std::chrono::duration<double>(clock::now() - start_).count();
+  }
+
+ private:
+  void draw() {
+    last_draw_ = clock::now();
+    auto line = detail::format_line(desc_, n_, total_, elapsed_seconds(), options_.bar_width,
+                                    postfix_);
+    // Pad with spaces so a shorter line fully covers the previous one.
+    if (line.size() < width_) line.append(width_ - line.size(), ' ');
+    width_ = line.size();
+    std::fputc('\r', options_.stream);
+    std::fputs(line.c_str(), options_.stream);
+    std::fflush(options_.stream);
+  }
+
+  int64_t total_;
+  int64_t n_ = 0;
+  std::string desc_;
+  ProgressOptions options_;
+  bool enabled_;
+  bool closed_ = false;
+  clock::time_point start_;
+  clock::time_point last_draw_{};
+  Postfix postfix_;
+  size_t width_ = 0;
+};
+
+}  // namespace accel::tracking
+
+#endif  // ACCEL_TRACKING_PROGRESS_HPP
+// end <accel/tracking/progress.hpp>
+// begin <accel/tracking/trackers.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel's experiment trackers (JSONL, CSV, TensorBoard event
+/// files) and accel::tracking::Trackers, which the Accelerator's
+/// init_trackers()/log()/end_training() drive on the main process.
+#ifndef ACCEL_TRACKING_TRACKERS_HPP
+#define ACCEL_TRACKING_TRACKERS_HPP
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// begin <accel/tracking/detail/tfevents.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the TensorBoard event-file encoding: CRC32C, TFRecord framing
+/// and a hand-written encoder for the few tf.Event protobuf fields accel writes
+/// (no protobuf dependency: Debian has no TensorBoard to pull it in with).
+#ifndef ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+#define ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::tracking::detail {
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord uses.
+inline uint32_t crc32c(std::string_view data) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1U) ? (c >> 1) ^ 0x82F63B78U : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t crc = 0xFFFFFFFFU;
+  for (unsigned char b : data) crc = table[(crc ^ b) & 0xFFU] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFU;
+}
+
+/// TFRecord's masked CRC: rotate right by 15 and add a constant, so that a CRC
+/// of data containing CRCs stays well distributed.
+inline uint32_t masked_crc32c(std::string_view data) {
+  const uint32_t c = crc32c(data);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8U;
+}
+
+inline void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFFU));
+}
+
+/// One TFRecord: uint64 length, masked CRC of the length, data, masked CRC of data.
+inline std::string tfrecord(std::string_view data) {
+  std::string len;
+  put_le(len, data.size(), 8);
+  std::string out = len;
+  put_le(out, masked_crc32c(len), 4);
+  out.append(data);
+  put_le(out, masked_crc32c(data), 4);
+  return out;
+}
+
+// --- protobuf wire format (only what tf.Event needs) ---
+inline void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+inline void put_tag(std::string& out, uint32_t field, uint32_t wire_type) {
+  put_varint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
+}
+inline void put_bytes(std::string& out, uint32_t field, std::string_view bytes) {
+  put_tag(out, field, 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+inline void put_double(std::string& out, uint32_t field, double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  put_tag(out, field, 1);
+  put_le(out, bits, 8);
+}
+inline void put_float(std::string& out, uint32_t field, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  put_tag(out, field, 5);
+  put_le(out, bits, 4);
+}
+
+/// tf.Event{wall_time=1, step=2, file_version=3} for the file's first record.
+inline std::string encode_file_version_event(double wall_time) {
+  std::string e;
+  put_double(e, 1, wall_time);
+  put_bytes(e, 3, "brain.Event:2");
+  return e;
+}
+
+/// tf.Event{wall_time=1, step=2, summary=5: Summary{value=1: Value{tag=1, simple_value=2}}}.
+inline std::string encode_scalars_event(double wall_time, int64_t step,
+                                        const std::vector<std::pair<std::string, float>>& scalars) {
+  std::string summary;
+  for (const auto& [tag, value] : scalars) {
+    std::string v;
+    put_bytes(v, 1, tag);
+    put_float(v, 2, value);
+    put_bytes(summary, 1, v);
+  }
+  std::string e;
+  put_double(e, 1, wall_time);
+  put_tag(e, 2, 0);
+  put_varint(e, static_cast<uint64_t>(step));  // int64: two's complement, 10 bytes if negative
+  put_bytes(e, 5, summary);
+  return e;
+}
+
+}  // namespace accel::tracking::detail
+
+#endif  // ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+// end <accel/tracking/detail/tfevents.hpp>
+// begin <accel/tracking/value.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::tracking::Value, the scalar or string that log() and
+/// init_trackers() take, and its JSON and CSV spellings.
+#ifndef ACCEL_TRACKING_VALUE_HPP
+#define ACCEL_TRACKING_VALUE_HPP
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+namespace accel::tracking {
+
+/// bool, integer, floating-point or string. Any arithmetic type converts
+/// (size_t, float, int...), so {{"loss", loss.item<double>()}, {"epoch", e}} works.
+class Value {
+ public:
+  using variant_type = std::variant<bool, int64_t, double, std::string>;
+
+  template <class T>
+    requires std::is_arithmetic_v<T>
+  Value(T v) {  // NOLINT(google-explicit-constructor): brace lists of values
+    if constexpr (std::is_same_v<T, bool>)
+      v_ = v;
+    else if constexpr (std::is_integral_v<T>)
+      v_ = static_cast<int64_t>(v);
+    else
+      v_ = static_cast<double>(v);
+  }
+  Value(std::string s) : v_(std::move(s)) {}  // NOLINT(google-explicit-constructor)
+  Value(const char* s) : v_(std::string(s)) {}  // NOLINT(google-explicit-constructor)
+
+  const variant_type& get() const { return v_; }
+  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+
+  /// The number TensorBoard plots (bool as 0/1); nullopt for strings.
+  std::optional<double> as_number() const {
+    if (auto* b = std::get_if<bool>(&v_)) return *b ? 1.0 : 0.0;
+    if (auto* i = std::get_if<int64_t>(&v_)) return static_cast<double>(*i);
+    if (auto* d = std::get_if<double>(&v_)) return *d;
+    return std::nullopt;
+  }
+
+  /// JSON value; NaN and infinities (not JSON) become the strings "nan", "inf", "-inf".
+  nlohmann::json to_json() const {
+    return std::visit(
+        [](const auto& x) -> nlohmann::json {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, double>) {
+            if (std::isnan(x)) return "nan";
+            if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+          }
+          return x;
+        },
+        v_);
+  }
+
+  /// CSV cell: numbers with full precision (%.17g round-trips a double),
+  /// strings quoted when they hold a comma, quote or line break.
+  std::string to_csv() const {
+    return std::visit(
+        [](const auto& x) -> std::string {
+          using X = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<X, bool>) {
+            return x ? "true" : "false";
+          } else if constexpr (std::is_same_v<X, int64_t>) {
+            return std::to_string(x);
+          } else if constexpr (std::is_same_v<X, double>) {
+            char buf[40];
+            std::snprintf(buf, sizeof buf, "%.17g", x);
+            return buf;
+          } else {
+            if (x.find_first_of(",\"\r\n") == std::string::npos) return x;
+            std::string q = "\"";
+            for (char c : x) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+            return q + "\"";
+          }
+        },
+        v_);
+  }
+
+ private:
+  variant_type v_;
+};
+
+/// What log() takes: name -> value (keys in sorted order in every output).
+using Values = std::map<std::string, Value>;
+/// What init_trackers() takes: the run's hyper-parameters.
+using Config = std::map<std::string, Value>;
+
+}  // namespace accel::tracking
+
+#endif  // ACCEL_TRACKING_VALUE_HPP
+// end <accel/tracking/value.hpp>
+
+namespace accel::tracking {
+
+/// Which writers init_trackers() starts (Accelerate's log_with); all by default.
+struct TrackerOptions {
+  bool jsonl = true;        ///< metrics.jsonl: one JSON object per log() call
+  bool csv = true;          ///< metrics.csv: one row per log() call
+  bool tensorboard = true;  ///< events.out.tfevents.<time>.<host>: numeric values
+};
+
+/// One output format. log() receives the step already resolved.
+class Tracker {
+ public:
+  virtual ~Tracker() = default;
+  virtual std::string name() const = 0;
+  virtual void log(const Values& values, int64_t step) = 0;
+  virtual void finish() = 0;
+};
+
+namespace detail {
+inline double wall_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::ofstream open_or_throw(const std::filesystem::path& p, std::ios::openmode mode) {
+  std::ofstream f(p, mode);
+  ACCEL_CHECK(f.good(), "accel: cannot open ", p, " for writing. Check that project_dir is a "
+              "writable directory.");
+  return f;
+}
+
+inline void write_or_throw(std::ofstream& f, const std::string& data,
+                           const std::filesystem::path& p) {
+  f << data;
+  f.flush();  // each call reaches the file: a crashed run keeps its metrics
+  ACCEL_CHECK(f.good(), "accel: writing ", p, " failed (disk full?). Free space in project_dir.");
+}
+}  // namespace detail
+
+/// {"step": N, "<key>": value, ...} per line; strings kept, NaN/inf as strings.
+class JsonlTracker : public Tracker {
+ public:
+  explicit JsonlTracker(std::filesystem::path path)
+      : path_(std::move(path)), out_(detail::open_or_throw(path_, std::ios::trunc)) {}
+  std::string name() const override { return "jsonl"; }
+  void log(const Values& values, int64_t step) override {
+    nlohmann::ordered_json j;
+    j["step"] = step;
+    for (const auto& [k, v] : values) j[k] = v.to_json();
+    detail::write_or_throw(out_, j.dump() + "\n", path_);
+  }
+  void finish() override { out_.close(); }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+/// Header "step,<keys of the first call, sorted>". A later call with a key
+/// the header lacks widens it: the file is rewritten (to a temporary file,
+/// then renamed) with the new column appended and the earlier rows' cells
+/// left empty. A key missing from a call leaves its cell empty.
+class CsvTracker : public Tracker {
+ public:
+  explicit CsvTracker(std::filesystem::path path) : path_(std::move(path)) { rewrite(); }
+  std::string name() const override { return "csv"; }
+  void log(const Values& values, int64_t step) override {
+    bool widened = false;
+    for (const auto& [k, v] : values)
+      if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
+        columns_.push_back(k);
+        widened = true;
+      }
+    std::vector<std::string> row{std::to_string(step)};
+    for (size_t c = 1; c < columns_.size(); ++c) {
+      auto it = values.find(columns_[c]);
+      row.push_back(it == values.end() ? std::string() : it->second.to_csv());
+    }
+    rows_.push_back(std::move(row));
+    if (widened && header_written_) {
+      rewrite();
+    } else {
+      if (!header_written_) detail::write_or_throw(out_, join(columns_), path_);
+      header_written_ = true;
+      detail::write_or_throw(out_, join(rows_.back()), path_);
+    }
+  }
+  void finish() override { out_.close(); }
+  const std::vector<std::string>& columns() const { return columns_; }
+
+ private:
+  static std::string join(const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t i = 0; i < cells.size(); ++i) s += (i ? "," : "") + cells[i];
+    return s + "\n";
+  }
+  void rewrite() {
+    if (out_.is_open()) out_.close();
+    auto tmp = path_;
+    tmp += ".tmp";
+    {
+      auto f = detail::open_or_throw(tmp, std::ios::trunc);
+      std::string text = rows_.empty() ? std::string() : join(columns_);
+      for (auto row : rows_) {
+        row.resize(columns_.size());
+        text += join(row);
+      }
+      detail::write_or_throw(f, text, tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path_, ec);
+    ACCEL_CHECK(!ec, "accel: cannot replace ", path_, ": ", ec.message(),
+                ". Check the permissions of project_dir.");
+    out_ = detail::open_or_throw(path_, std::ios::app);
+    header_written_ = !rows_.empty();
+  }
+
+  std::filesystem::path path_;
+  std::ofstream out_;
+  std::vector<std::string> columns_{"step"};
+  std::vector<std::vector<std::string>> rows_;
+  bool header_written_ = false;
+};
+
+/// TensorBoard event file: TFRecords of tf.Event; numeric values become
+/// scalar summaries tagged with their key, strings are left out.
+class TensorBoardTracker : public Tracker {
+ public:
+  explicit TensorBoardTracker(const std::filesystem::path& dir) {
+    char host[256] = "localhost";
+    ::gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    const double now = detail::wall_time_now();
+    auto base = "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host;
+    path_ = dir / base;
+    for (int i = 1; std::filesystem::exists(path_); ++i) path_ = dir / (base + "." + std::to_string(i));
+    out_ = detail::open_or_throw(path_, std::ios::binary | std::ios::trunc);
+    detail::write_or_throw(out_, tracking::detail::tfrecord(
+                                     tracking::detail::encode_file_version_event(now)), path_);
+  }
+  std::string name() const override { return "tensorboard"; }
+  void log(const Values& values, int64_t step) override {
+    std::vector<std::pair<std::string, float>> scalars;
+    for (const auto& [k, v] : values)
+      if (auto x = v.as_number()) scalars.emplace_back(k, static_cast<float>(*x));
+    if (scalars.empty()) return;
+    detail::write_or_throw(out_, tracking::detail::tfrecord(tracking::detail::encode_scalars_event(
+                                     detail::wall_time_now(), step, scalars)), path_);
+  }
+  void finish() override { out_.close(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+/// The trackers of one run, in project_dir/project_name/: config.json,
+/// metrics.jsonl, metrics.csv (both started afresh by each init), and
+/// events.out.tfevents.* (a new file per init; TensorBoard reads them all). Only the process with
+/// `writer` true creates files; the others only check the calls.
+class Trackers {
+ public:
+  void init(const std::optional<std::string>& project_dir, const std::string& project_name,
+            const Config& config, TrackerOptions options, bool writer) {
+    ACCEL_CHECK(project_dir && !project_dir->empty(),
+                "accel: init_trackers() needs a directory to write to, and "
+                "AcceleratorOptions::project_dir is not set. Construct the Accelerator with "
+                "AcceleratorOptions{.project_dir = \"runs\"} (any writable directory).");
+    ACCEL_CHECK(!project_name.empty() && project_name.find('/') == std::string::npos &&
+                    project_name != "." && project_name != "..",
+                "accel: init_trackers() needs a project name that is one directory name (got \"",
+                project_name, "\"). Pass a name such as \"my_run\".");
+    finish();
+    initialised_ = true;
+    step_ = 0;
+    dir_ = std::filesystem::path(*project_dir) / project_name;
+    if (!writer) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    ACCEL_CHECK(!ec, "accel: cannot create the tracking directory ", dir_, ": ", ec.message(),
+                ". Set AcceleratorOptions::project_dir to a writable directory.");
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : config) j[k] = v.to_json();
+    {
+      auto f = detail::open_or_throw(dir_ / "config.json", std::ios::trunc);
+      detail::write_or_throw(f, j.dump(2) + "\n", dir_ / "config.json");
+    }
+    if (options.jsonl) trackers_.push_back(std::make_unique<JsonlTracker>(dir_ / "metrics.jsonl"));
+    if (options.csv) trackers_.push_back(std::make_unique<CsvTracker>(dir_ / "metrics.csv"));
+    if (options.tensorboard) trackers_.push_back(std::make_unique<TensorBoardTracker>(dir_));
+  }
+
+  /// step: nullopt uses the number of earlier log() calls since init (0, 1, ...).
+  void log(const Values& values, std::optional<int64_t> step = {}) {
+    ACCEL_CHECK(initialised_, "accel: log() was called before init_trackers(). Call "
+                "accelerator.init_trackers(\"project_name\", config) once before logging.");
+    const int64_t s = step.value_or(step_);
+    ++step_;
+    for (auto& t : trackers_) t->log(values, s);
+  }
+
+  /// Closes every writer; log() afterwards needs a new init_trackers().
+  void finish() {
+    for (auto& t : trackers_) t->finish();
+    trackers_.clear();
+    initialised_ = false;
+  }
+
+  bool initialised() const { return initialised_; }
+  /// project_dir/project_name (also on processes that do not write).
+  const std::filesystem::path& directory() const { return dir_; }
+  /// The active writers (empty on processes that do not write).
+  const std::vector<std::unique_ptr<Tracker>>& trackers() const { return trackers_; }
+
+ private:
+  bool initialised_ = false;
+  int64_t step_ = 0;
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<Tracker>> trackers_;
+};
+
+}  // namespace accel::tracking
+
+#endif  // ACCEL_TRACKING_TRACKERS_HPP
+// end <accel/tracking/trackers.hpp>
 
 namespace accel {
 
@@ -8533,7 +9358,32 @@ class Accelerator {
     registry_.add_custom(obj);
   }
 
-  void end_training() { wait_for_everyone(); }
+  /// Starts the trackers (JSONL, CSV, TensorBoard; see tracking/trackers.hpp)
+  /// in project_dir/project_name and writes config there as config.json. Every
+  /// process calls it; only the main process writes.
+  void init_trackers(const std::string& project_name, const tracking::Config& config = {},
+                     tracking::TrackerOptions which = {}) {
+    trackers_.init(options_.project_dir, project_name, config, which, is_main_process());
+  }
+  /// Logs values at step (default: the count of earlier log() calls) from the
+  /// main process; the others return at once.
+  void log(const tracking::Values& values, std::optional<int64_t> step = {}) {
+    trackers_.log(values, step);
+  }
+  tracking::Trackers& trackers() { return trackers_; }
+  /// A progress bar drawn by the local main process only, and only on a
+  /// terminal (ACCEL_DISABLE_PROGRESS=1 or options.enabled = false turn it off).
+  [[nodiscard]] tracking::ProgressBar progress(int64_t total, std::string description = {},
+                                               tracking::ProgressOptions options = {}) {
+    options.main_process = options.main_process && is_local_main_process();
+    return tracking::ProgressBar(total, std::move(description), options);
+  }
+
+  /// Closes the trackers' files, then waits for every process.
+  void end_training() {
+    trackers_.finish();
+    wait_for_everyone();
+  }
 
   /// The loss scaler of precision::Fp16 (nullptr otherwise).
   precision::LossScaler* loss_scaler() const { return scaler_.get(); }
@@ -8642,6 +9492,7 @@ class Accelerator {
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
   checkpoint::StateRegistry registry_;  ///< what save_state() covers
+  tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {
     registry_.state = state_;
@@ -8654,6 +9505,161 @@ class Accelerator {
 
 #endif  // ACCEL_ACCELERATOR_HPP
 // end <accel/accelerator.hpp>
+// begin <accel/dispatch.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::dispatch_accelerator: chooses the compile-time policies
+/// from a run-time choice (a config file, or the variables `accel launch`
+/// sets) and calls a generic function with the matching Accelerator<B, P, S>.
+#ifndef ACCEL_DISPATCH_HPP
+#define ACCEL_DISPATCH_HPP
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include <boost/hana/at.hpp>
+#include <boost/hana/bool.hpp>
+#include <boost/hana/cartesian_product.hpp>
+#include <boost/hana/filter.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/type.hpp>
+
+
+namespace accel {
+
+/// The three policy names picked at run time. Names: backend "single" | "gloo"
+/// | "mpi" | "nccl"; precision "no" | "fp16" | "bf16" (Accelerate's
+/// mixed_precision values); shard "replicate" | "shard_optimizer" | "shard_gradients".
+struct PolicyChoice {
+  std::string backend = "single";
+  std::string precision = "no";
+  std::string shard = "replicate";
+
+  /// From a config file: the `backend` key when present, else the
+  /// distributed_type (NO -> single, MULTI_CPU -> gloo, MULTI_GPU -> nccl);
+  /// mixed_precision as is; shard from ACCEL_SHARD (no Accelerate key exists).
+  static PolicyChoice from_config(const LaunchConfig& cfg) {
+    PolicyChoice c;
+    if (cfg.backend)
+      c.backend = *cfg.backend;
+    else if (cfg.distributed_type == DistributedType::MultiCpu)
+      c.backend = "gloo";
+    else if (cfg.distributed_type == DistributedType::MultiGpu)
+      c.backend = "nccl";
+    c.precision = cfg.mixed_precision;
+    if (auto s = runtime::detail::getenv_str("ACCEL_SHARD")) c.shard = *s;
+    return c;
+  }
+
+  /// From the variables `accel launch` / notebook_launcher set: ACCEL_BACKEND
+  /// (default: gloo when WORLD_SIZE > 1, else single), ACCEL_MIXED_PRECISION,
+  /// ACCEL_SHARD.
+  static PolicyChoice from_environment() {
+    PolicyChoice c;
+    if (auto b = runtime::detail::getenv_str("ACCEL_BACKEND"))
+      c.backend = *b;
+    else if (runtime::ProcessEnv::discover().world_size > 1)
+      c.backend = "gloo";
+    if (auto p = runtime::detail::getenv_str("ACCEL_MIXED_PRECISION")) c.precision = *p;
+    if (auto s = runtime::detail::getenv_str("ACCEL_SHARD")) c.shard = *s;
+    return c;
+  }
+};
+
+namespace detail {
+
+template <class B>
+constexpr std::string_view choice_name_of_backend() {
+  if constexpr (std::is_same_v<B, backend::SingleDevice>) return "single";
+  else if constexpr (std::is_same_v<B, backend::Gloo>) return "gloo";
+  else if constexpr (std::is_same_v<B, backend::Mpi>) return "mpi";
+  else return "nccl";
+}
+template <class S>
+constexpr std::string_view choice_name_of_shard() {
+  if constexpr (std::is_same_v<S, shard::Replicate>) return "replicate";
+  else if constexpr (std::is_same_v<S, shard::ShardOptimizer>) return "shard_optimizer";
+  else return "shard_gradients";
+}
+
+/// Valid without firing the diagnostics: what check_accelerator_policies
+/// accepts, for use as a filter.
+template <class B, class P, class S>
+inline constexpr bool policies_compatible_v =
+    B::available && (B::multi_process || !(S::shards_optimizer_state || S::shards_gradients));
+
+/// std::tuple<E...> -> hana::tuple_t<E...>: users list policies as std::tuple.
+template <class Tuple>
+struct hana_types;
+template <class... E>
+struct hana_types<std::tuple<E...>> {
+  static constexpr auto value = boost::hana::tuple_t<E...>;
+};
+
+}  // namespace detail
+
+/// Every backend of this build, for dispatch_accelerator's default.
+using compiled_backends = std::tuple<backend::SingleDevice, backend::Gloo
+#if ACCEL_WITH_MPI
+                                     , backend::Mpi
+#endif
+#if ACCEL_WITH_NCCL
+                                     , backend::Nccl
+#endif
+                                     >;
+using all_precisions = std::tuple<precision::Fp32, precision::Fp16, precision::Bf16>;
+using all_shards = std::tuple<shard::Replicate, shard::ShardOptimizer, shard::ShardGradients>;
+
+/// Calls `fn(accelerator)` with an Accelerator<B, P, S>& whose policy names
+/// equal `choice`, among the combinations of Backends x Precisions x Shards
+/// (std::tuple lists; a Boost.Hana cartesian product, minus the invalid
+/// combinations). Each combination instantiates `fn`: narrow the lists to what
+/// the program needs to keep compile times down. A choice that no compiled
+/// combination serves is an accel::ConfigError listing what is available.
+template <class Backends = compiled_backends, class Precisions = all_precisions,
+          class Shards = all_shards, class F>
+void dispatch_accelerator(const PolicyChoice& choice, F&& fn, AcceleratorOptions options = {}) {
+  namespace hana = boost::hana;
+  auto combos = hana::filter(
+      hana::cartesian_product(hana::make_tuple(detail::hana_types<Backends>::value,
+                                               detail::hana_types<Precisions>::value,
+                                               detail::hana_types<Shards>::value)),
+      [](auto combo) {
+        using B = typename decltype(+hana::at_c<0>(combo))::type;
+        using P = typename decltype(+hana::at_c<1>(combo))::type;
+        using S = typename decltype(+hana::at_c<2>(combo))::type;
+        return hana::bool_c<detail::policies_compatible_v<B, P, S>>;
+      });
+  bool called = false;
+  std::ostringstream available;
+  hana::for_each(combos, [&](auto combo) {
+    using B = typename decltype(+hana::at_c<0>(combo))::type;
+    using P = typename decltype(+hana::at_c<1>(combo))::type;
+    using S = typename decltype(+hana::at_c<2>(combo))::type;
+    const auto b = detail::choice_name_of_backend<B>();
+    const auto s = detail::choice_name_of_shard<S>();
+    available << "\n  backend=" << b << " precision=" << P::name << " shard=" << s;
+    if (called || choice.backend != b || choice.precision != P::name || choice.shard != s) return;
+    called = true;
+    Accelerator<B, P, S> accelerator(options);
+    fn(accelerator);
+  });
+  if (!called)
+    throw ConfigError("accel: no compiled Accelerator serves backend=" + choice.backend +
+                      " precision=" + choice.precision + " shard=" + choice.shard +
+                      ". Change the config (or ACCEL_BACKEND / ACCEL_MIXED_PRECISION / "
+                      "ACCEL_SHARD), or compile the combination in. Available:" +
+                      available.str());
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_DISPATCH_HPP
+// end <accel/dispatch.hpp>
 
 #endif  // ACCEL_ACCEL_HPP
 // end <accel/accel.hpp>
