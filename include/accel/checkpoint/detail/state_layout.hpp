@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the names of save_state's files, the listing of automatic
+/// checkpoints, the agreement of the processes on success, and what each
+/// process writes.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+
+#include <accel/checkpoint/detail/state_files.hpp>
+#include <accel/checkpoint/safetensors.hpp>
+#include <accel/checkpoint/save_model.hpp>
+#include <accel/checkpoint/state_registry.hpp>
+#include <accel/errors.hpp>
+#include <accel/options.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint {
+
+inline constexpr std::string_view kStateFile = "accel_state.json";
+inline constexpr std::string_view kStateFormat = "accel.save_state";
+inline constexpr int kStateFormatVersion = 1;
+
+namespace detail {
+
+/// "model.safetensors", "model_1.safetensors", ...
+inline std::string indexed_name(const char* stem, std::size_t i, const char* ext) {
+  return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
+}
+
+/// The checkpoint number of a directory named checkpoint_<N>.
+inline std::optional<int64_t> checkpoint_number(const std::string& name) {
+  constexpr std::string_view prefix = "checkpoint_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+    return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+/// The complete automatic checkpoints under base, oldest first.
+inline std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& base) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec))
+    if (auto n = checkpoint_number(e.path().filename().string()); n && e.is_directory(ec))
+      out.emplace_back(*n, e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller) {
+  ACCEL_CHECK(o.project_dir.has_value(), "accel: ", caller,
+              "() without a directory needs AcceleratorOptions::project_dir (checkpoints go to "
+              "project_dir/checkpoints/checkpoint_<N>). Pass a directory, or set project_dir.");
+  return fs::path(*o.project_dir) / "checkpoints";
+}
+
+/// Every process says whether its part worked (one all-reduce MAX); returns
+/// the highest failing rank, or -1 when all succeeded.
+inline int failed_rank(StateRegistry& reg, bool ok) {
+  auto& comm = *reg.state->comm;
+  float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
+  if (comm.size() > 1) {
+    const torch::Device dev = comm.backend_name() == "Nccl" ? reg.state->device : torch::kCPU;
+    auto t = torch::full({1}, mine, torch::kFloat).to(dev);
+    comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
+    mine = t.to(torch::kCPU).item<float>();
+  }
+  return static_cast<int>(mine) - 1;
+}
+
+/// Rethrows this process's error, or throws if another process failed.
+inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char* what,
+                  const char* consequence) {
+  const int failed = failed_rank(reg, err == nullptr);
+  if (err) std::rethrow_exception(err);
+  if (failed >= 0)
+    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed,
+                                      " (its own error says why); ", consequence,
+                                      ". Fix the cause reported by that process and retry."));
+}
+inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
+inline constexpr const char* kLoadKept = "nothing was loaded on this process";
+
+/// dir without a trailing separator, so that dir.accel-tmp is a sibling.
+inline fs::path normal_dir(const fs::path& dir) {
+  fs::path p = dir.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
+  return reg.optimizer_per_rank
+             ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
+             : indexed_name("optimizer", i, ".pt");
+}
+
+/// This process's files of a checkpoint, into stage.
+inline void write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
+  const bool main = rank == 0;
+  if (main) {
+    for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      save_safetensors(stage / indexed_name("model", i, ".safetensors"), module_state(*reg.models[i]));
+      crash_point("writing");
+    }
+  }
+  const auto archive_all = [&](const std::vector<Archived>& items, auto name_of) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      torch::serialize::OutputArchive out;
+      items[i].save(out);
+      save_archive(out, stage / name_of(i));
+    }
+  };
+  if (main || reg.optimizer_per_rank)
+    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+  if (main) {
+    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
+    archive_all(reg.custom, [](std::size_t i) {
+      return "custom_checkpoint_" + std::to_string(i) + ".pt";
+    });
+    if (reg.scaler)
+      write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
+                                         {"growth_tracker", reg.scaler->growth_tracker()}});
+  }
+  torch::serialize::OutputArchive rng;
+  save_generators(rng);
+  save_archive(rng, stage / ("random_states_" + std::to_string(rank) + ".pt"));
+  crash_point("writing");
+  nlohmann::json loaders = nlohmann::json::array();
+  for (const auto& l : reg.loaders) {
+    const auto c = l.position();
+    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
+  }
+  write_json(stage / ("loaders_" + std::to_string(rank) + ".json"),
+             {{"rank", rank}, {"loaders", loaders}});
+}
+
+}  // namespace detail
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines how load_state reads a checkpoint: every file read and
+/// validated before anything changes, and archive loads that roll back.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+
+#include <accel/checkpoint/detail/state_layout.hpp>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint::detail {
+
+/// Keys, shapes and dtypes of a saved model against the module; the error
+/// lists every offending key.
+inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
+                        const fs::path& source) {
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [key, target] : module_state(module)) {
+    expected.insert(key);
+    const auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream why;
+      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes() << ", model "
+          << target.scalar_type() << target.sizes() << ")";
+      mismatched.push_back(why.str());
+    }
+  }
+  for (const auto& entry : loaded)
+    if (expected.count(entry.first) == 0) unexpected.push_back(entry.first);
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
+  std::string problem;
+  if (!missing.empty()) problem += "; missing keys " + list(missing);
+  if (!unexpected.empty()) problem += "; unexpected keys " + list(unexpected);
+  if (!mismatched.empty()) problem += "; mismatched keys " + list(mismatched);
+  throw Error("accel: cannot load '" + source.string() + "' into the prepared model" + problem +
+              ". Nothing was loaded: load a checkpoint saved from the same model.");
+}
+
+inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,
+                        const char* what, const fs::path& source) {
+  const auto saved = json_field<int64_t>(meta, key, source);
+  ACCEL_CHECK(saved == static_cast<int64_t>(have), "accel: the checkpoint '", source.parent_path().string(),
+              "' holds ", saved, " ", what, " but this Accelerator has ", have,
+              ". Prepare and register the same objects, in the same order, as the run that saved it.");
+}
+
+/// Everything one process reads, validated, before anything is applied.
+struct ReadState {
+  nlohmann::json meta;
+  std::vector<NamedTensors> models;
+  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom;
+  GeneratorStates generators;
+  std::vector<data::LoaderCheckpoint> loaders;
+  std::optional<std::pair<double, int64_t>> scaler;
+};
+
+inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
+  auto& comm = *reg.state->comm;
+  const int rank = comm.rank();
+  const fs::path state_file = dir / kStateFile;
+  ReadState s;
+  s.meta = read_json(state_file);
+  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
+              "' is not an accel save_state file. Pass a directory written by save_state().");
+  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
+              "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
+              s.meta["format_version"].dump(), "). Load it with that version.");
+  const auto world = json_field<int64_t>(s.meta, "world_size", state_file);
+  ACCEL_CHECK(world == comm.size(), "accel: the checkpoint '", dir.string(), "' was saved by ",
+              world, " processes but this run has ", comm.size(),
+              "; its random states and data loader positions are per process and cannot be "
+              "mapped onto another world size. Resume with ", world, " processes.");
+  check_count(s.meta, "models", reg.models.size(), "models", state_file);
+  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
+  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
+  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
+  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
+              "accel: the checkpoint '", dir.string(), "' was saved ",
+              reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
+              "Accelerator runs ", reg.scaler ? "with" : "without",
+              " one. Resume with the same precision policy.");
+  ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
+              "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
+              "(optimizer state per process or not). Resume with the same shard policy.");
+
+  // Every missing file at once.
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
+  if (reg.scaler) files.push_back("scaler.json");
+  files.push_back("random_states_" + std::to_string(rank) + ".pt");
+  files.push_back("loaders_" + std::to_string(rank) + ".json");
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (const auto& f : files)
+    if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
+  ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
+              ". Load a directory written completely by save_state().");
+
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    const fs::path f = dir / indexed_name("model", i, ".safetensors");
+    s.models.push_back(load_safetensors(f));
+    check_model(s.models.back(), *reg.models[i], f);
+  }
+  s.optimizers.resize(reg.optimizers.size());
+  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+    const fs::path f = dir / optimizer_file(reg, i, rank);
+    std::error_code e;
+    ACCEL_CHECK(fs::is_regular_file(f, e), "accel: the checkpoint file '", f.string(), "' is missing.");
+    try {
+      s.optimizers[i].load_from(f.string(), reg.state->device);
+    } catch (const c10::Error& err) {
+      throw Error(accel::detail::concat("accel: the checkpoint file '", f.string(),
+                                        "' is truncated or corrupt (", err.what_without_backtrace(),
+                                        "). Load another checkpoint, or save this one again."));
+    }
+  }
+  s.schedulers.resize(reg.schedulers.size());
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
+    load_archive(s.schedulers[i], dir / indexed_name("scheduler", i, ".pt"));
+  s.custom.resize(reg.custom.size());
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    load_archive(s.custom[i], dir / ("custom_checkpoint_" + std::to_string(i) + ".pt"));
+  {
+    const fs::path f = dir / ("random_states_" + std::to_string(rank) + ".pt");
+    torch::serialize::InputArchive rng;
+    load_archive(rng, f);
+    s.generators = GeneratorStates::read(rng, f);
+  }
+  {
+    const fs::path f = dir / ("loaders_" + std::to_string(rank) + ".json");
+    const auto j = read_json(f);
+    const auto list_j = j.find("loaders");
+    ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
+                "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
+                " loader positions. Load a directory written completely by save_state().");
+    for (const auto& l : *list_j) {
+      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
+      ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
+                  "' holds a negative loader position. Save the checkpoint again.");
+      s.loaders.push_back(c);
+    }
+  }
+  if (reg.scaler) {
+    const fs::path f = dir / "scaler.json";
+    const auto j = read_json(f);
+    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
+    ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
+                "' holds an invalid loss scale. Save the checkpoint again.");
+  }
+  json_field<int64_t>(s.meta, "micro_step", state_file);
+  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
+  return s;
+}
+
+/// Loads archives into objects; on failure puts back the objects already
+/// loaded (from in-memory snapshots) and rethrows.
+class ArchiveTransaction {
+ public:
+  void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
+             std::size_t index) {
+    torch::serialize::OutputArchive snap;
+    target.save(snap);
+    std::ostringstream bytes;
+    snap.save_to(bytes);
+    done_.push_back({&target, bytes.str()});
+    try {
+      target.load(in);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      rollback();
+      throw Error(accel::detail::concat("accel: cannot restore ", what, " ", index,
+                                        " from the checkpoint (", msg,
+                                        "); nothing was loaded. Prepare the same objects as the "
+                                        "run that saved it."));
+    }
+  }
+  void rollback() noexcept {
+    for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
+      try {
+        std::istringstream bytes(it->second);
+        torch::serialize::InputArchive in;
+        in.load_from(bytes);
+        it->first->load(in);
+      } catch (...) {  // best effort: the snapshot was taken from this very object
+      }
+    }
+    done_.clear();
+  }
+
+ private:
+  std::vector<std::pair<const Archived*, std::string>> done_;
+};
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
