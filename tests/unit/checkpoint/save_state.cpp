@@ -4,10 +4,17 @@
 #include <accel/accelerator.hpp>
 #include <accel/sched/one_cycle_lr.hpp>
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
+#include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -464,5 +471,72 @@ TEST_CASE("bad checkpoints are clear errors and change nothing", "[checkpoint][s
   SECTION("the good checkpoint loads") {
     acc.load_state(good);
     CHECK(counter.step == 5);
+  }
+}
+
+TEST_CASE("a save killed with SIGKILL at a random moment leaves a complete, consistent checkpoint",
+          "[checkpoint][save_state][sigkill]") {
+  auto make_model = [] {
+    torch::nn::Sequential seq;
+    seq->push_back(torch::nn::Linear(512, 1024));
+    seq->push_back(torch::nn::Linear(1024, 512));
+    return seq;
+  };
+  std::mt19937 rng(std::random_device{}());
+  for (int round = 0; round < 4; ++round) {
+    const auto dir = scratch("random_kill_" + std::to_string(round)) / "ckpt";
+    // The child saves again and again, every file of save i holding i.
+    // Forked from a fresh thread, as the launcher does (OpenMP's pool).
+    pid_t pid = -1;
+    std::thread([&] {
+      pid = ::fork();
+      if (pid != 0) return;
+      try {
+        at::set_num_threads(1);
+        accel::Accelerator<> acc;
+        auto model = make_model();
+        Counter c;
+        auto prepared = acc.prepare(model);
+        (void)prepared;
+        acc.register_for_checkpointing(c);
+        for (int64_t i = 1;; ++i) {
+          {
+            torch::NoGradGuard no_grad;
+            for (auto& p : model->parameters()) p.fill_(static_cast<double>(i));
+          }
+          c.step = i;
+          acc.save_state(dir);
+        }
+      } catch (...) {
+        ::_exit(3);
+      }
+    }).join();
+    REQUIRE(pid > 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int status = 0;
+    while (!fs::exists(dir / "accel_state.json") && std::chrono::steady_clock::now() < deadline &&
+           ::waitpid(pid, &status, WNOHANG) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int delay_ms = std::uniform_int_distribution<int>(0, 60)(rng);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    INFO("round " << round << ": killed " << delay_ms << " ms after the first complete save");
+    REQUIRE(WIFSIGNALED(status));
+
+    accel::Accelerator<> acc;
+    auto model = make_model();
+    Counter c;
+    auto prepared = acc.prepare(model);
+    (void)prepared;
+    acc.register_for_checkpointing(c);
+    acc.load_state(dir);
+    CHECK(c.step >= 1);
+    for (auto& p : model->parameters())
+      CHECK(torch::equal(p, torch::full_like(p, static_cast<double>(c.step))));
+    // The next save replaces it and clears what the killed one left.
+    acc.save_state(dir);
+    CHECK(!fs::exists(dir.string() + ".accel-tmp"));
+    CHECK(!fs::exists(dir.string() + ".accel-old"));
   }
 }
