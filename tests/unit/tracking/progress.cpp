@@ -138,6 +138,7 @@ int wait_child(pid_t pid) {
 }  // namespace
 
 TEST_CASE("a pseudo-terminal receives \\r-redraws and one final newline", "[tracking][progress]") {
+  std::fflush(nullptr);  // or the child would also flush what the parent buffered
   int master = -1;
   pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
   REQUIRE(pid >= 0);
@@ -160,6 +161,7 @@ TEST_CASE("a pipe, or ACCEL_DISABLE_PROGRESS=1 on a terminal, receives nothing",
           "[tracking][progress]") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
+  std::fflush(nullptr);
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -175,6 +177,7 @@ TEST_CASE("a pipe, or ACCEL_DISABLE_PROGRESS=1 on a terminal, receives nothing",
   CHECK(piped.empty());
 
   int master = -1;
+  std::fflush(nullptr);
   pid = ::forkpty(&master, nullptr, nullptr, nullptr);
   REQUIRE(pid >= 0);
   if (pid == 0) child_draws(true);
