@@ -125,6 +125,23 @@ def in_comment(text, pos):
     return "//" in text[line_start:pos]
 
 
+# Fixes for messages whose text wraps another error or states no remedy,
+# keyed by the start of the message.
+EXTRA_FIXES = {
+    "accel: invalid Accelerator<": "Read the static_assert printed just before it: it names the policy at fault and what to use instead.",
+    "accel: not a Checkpointable type": "Pass register_for_checkpointing() an object with state_dict()/load_state_dict() (or save()/load() with torch::serialize archives); see docs/checkpoints.md.",
+    "accel: process <rank> failed": "The text after 'failed:' is that rank's own error (its exception, exit status or signal); fix that. The other ranks were stopped.",
+    "accel: parameter <k> has no gradient accumulator": "Prepare models whose trainable parameters are leaf tensors (not views or results of other operations).",
+    "accel: <backend> <op> failed on rank": "The text after the colon is the backend's own error. A peer that crashed or left shows up here: look at the other ranks' messages first.",
+    "accel: all_gather output has": "Give all_gather an output of world size x input elements (Communicator is a low-level API; prefer accelerator.gather()).",
+    "accel: reduce_scatter input has": "Give reduce_scatter an input of world size x output elements.",
+    "accel: the checkpoint file": "Load a directory that save_state() wrote completely (every file of docs/checkpoints.md present), or save again.",
+    "accel: received <": "Nothing to fix: accel launch was interrupted (Ctrl-C or SIGTERM) and stopped every process.",
+    "accel: rank <w.rank> (pid <w.pid>) failed": "The text after 'failed:' is that rank's error or exit status; fix that. accel launch stopped the other ranks.",
+    "accel: warning: <file>:<line>: key": "Remove or correct the key named; the program goes on without it.",
+}
+
+
 def split_fix(msg):
     body = msg[len("accel: "):] if msg.startswith("accel: ") else msg
     # The first sentence end that is followed by more text (not "e.g. ", "..").
@@ -194,8 +211,10 @@ def render(static, runtime, warnings):
             out.append("")
             for msg, wheres in sorted(table[area].items(), key=lambda kv: location_key(kv[1][0])):
                 problem, fix = split_fix(msg)
+                if not fix:
+                    fix = next((f for k, f in EXTRA_FIXES.items() if msg.startswith(k)), "")
                 out.append("- `%s`" % problem.replace("`", "'"))
-                out.append("  - **Fix:** %s" % (fix if fix else "see the message; it names the value at fault."))
+                out.append("  - **Fix:** %s" % (fix if fix else "not stated in the message; it names what is wrong."))
                 out.append("  - *%s*" % ", ".join(wheres))
             out.append("")
 
