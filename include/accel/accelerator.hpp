@@ -29,6 +29,7 @@
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
 #include <accel/shard/detail/bucket_reducer.hpp>
+#include <accel/shard/detail/zero_binding.hpp>
 #include <accel/tracking/progress.hpp>
 #include <accel/tracking/trackers.hpp>
 
@@ -181,17 +182,20 @@ class Accelerator {
   template <class Params>
   double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
     if (!state_->sync_gradients) return 0.0;
-    auto ps = detail::parameters_of(std::forward<Params>(params));
-    prepare_gradients_for_clipping(ps);
-    return torch::nn::utils::clip_grad_norm_(ps, max_norm, norm_type);
+    // Under ShardGradients: this rank's partitions, the norm reduced across ranks.
+    auto t = shard::detail::clip_targets(state_->syncs,
+                                         detail::parameters_of(std::forward<Params>(params)));
+    prepare_gradients_for_clipping(t.tensors);
+    return shard::detail::clip_grad_norm(t, max_norm, norm_type);
   }
 
   template <class Params>
   void clip_grad_value_(Params&& params, double clip_value) {
     if (!state_->sync_gradients) return;
-    auto ps = detail::parameters_of(std::forward<Params>(params));
-    prepare_gradients_for_clipping(ps);
-    torch::nn::utils::clip_grad_value_(ps, clip_value);
+    auto t = shard::detail::clip_targets(state_->syncs,
+                                         detail::parameters_of(std::forward<Params>(params)));
+    prepare_gradients_for_clipping(t.tensors);
+    shard::detail::clip_grad_value(t, clip_value);
   }
 
   torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
@@ -344,7 +348,11 @@ class Accelerator {
     } else if constexpr (kind == PrepareKind::Optimizer) {
       auto opt = detail::share(std::forward<A>(a));
       registry_.add_optimizer(opt);
-      return typename detail::prepared_type<0, T>::type(std::move(opt), state_);
+      typename detail::prepared_type<0, T>::type prepared(opt, state_);
+      if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
+        if (state_->comm->size() > 1)
+          prepared.set_partition(shard::detail::bind_optimizer(state_->syncs, *opt));
+      return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Scheduler) {
@@ -367,9 +375,13 @@ class Accelerator {
       std::vector<torch::Tensor> trainable;
       for (auto& p : module->parameters())
         if (p.requires_grad()) trainable.push_back(p);
-      sync = std::make_shared<shard::detail::BucketReducer>(
-          std::move(trainable), state_->comm,
-          static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024));
+      const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+      if constexpr (Shard::shards_optimizer_state)
+        sync = std::make_shared<shard::detail::ZeroReducer>(std::move(trainable), state_->comm,
+                                                            bucket_bytes, Shard::shards_gradients);
+      else
+        sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
+                                                              bucket_bytes);
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }

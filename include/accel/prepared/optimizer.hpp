@@ -39,6 +39,7 @@ class AcceleratedOptimizer {
     const bool ok = state_->before_step ? state_->before_step(*opt_) : true;
     torch::Tensor loss;
     if (ok) loss = opt_->step(std::move(closure));
+    if (partition_) partition_->after_step(ok);
     if (state_->after_step) state_->after_step(ok);
     skipped_ = !ok;
     state_->last_step_skipped = !ok;
@@ -54,6 +55,13 @@ class AcceleratedOptimizer {
     for (auto& group : opt_->param_groups())
       for (auto& p : group.params())
         if (p.grad().defined()) p.mutable_grad().zero_();
+    if (partition_) partition_->zero_grad();
+  }
+
+  /// Shard policies: the optimizer's parameters are this rank's partitions of
+  /// a model's; the partition gathers the update and zeroes the full gradients.
+  void set_partition(std::shared_ptr<shard::detail::OptimizerPartition> partition) {
+    partition_ = std::move(partition);
   }
 
   bool step_was_skipped() const { return skipped_; }
@@ -65,6 +73,7 @@ class AcceleratedOptimizer {
  private:
   std::shared_ptr<O> opt_;
   std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<shard::detail::OptimizerPartition> partition_;
   bool skipped_ = false;
 };
 

@@ -21,6 +21,19 @@ class GradientSync {
   virtual void finalize() = 0;
 };
 
+/// What a sharded model's policy does around the optimizer whose parameters
+/// are this rank's partitions (shard::ShardOptimizer, ShardGradients).
+class OptimizerPartition {
+ public:
+  virtual ~OptimizerPartition() = default;
+  /// Zeroes (or releases) every gradient the model holds, not only the
+  /// partitions' that the optimizer sees.
+  virtual void zero_grad() = 0;
+  /// After the inner optimizer step: make every rank's full parameters the
+  /// updated ones again (all-gather). stepped is false when it was skipped.
+  virtual void after_step(bool stepped) = 0;
+};
+
 /// The policy for one process: gradients are already complete.
 class NoSync final : public GradientSync {
  public:

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::ZeroReducer: the gradient and parameter
+/// traffic of shard::ShardOptimizer (ZeRO-1) and shard::ShardGradients (ZeRO-2).
+#ifndef ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
+#define ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+#include <accel/errors.hpp>
+#include <accel/runtime/communicator.hpp>
+#include <accel/shard/detail/gradient_sync.hpp>
+
+namespace accel::shard::detail {
+
+/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
+/// autograd view: zero_grad, set_data and optimizers treat it as a leaf.
+inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+}
+
+/// Parameters are grouped into buckets as in BucketReducer (reverse
+/// registration order, one dtype and one optimizer parameter group per
+/// bucket, at most bucket_bytes), each padded to a multiple of the world size
+/// N. Every bucket is one flat buffer the model's parameters point into
+/// (set_data), and rank r owns chunk r of every bucket: the optimizer is
+/// rebound (adopt()) to those chunks, so its state exists for 1/N of the
+/// model. A reduce-scatter of a bucket hands each rank exactly its chunk, and
+/// an all-gather of the chunks rebuilds the bucket in place.
+///
+/// ZeRO-1 (shard_gradients = false): full gradients live in padded flat
+/// buckets, all-reduced from backward hooks as with Replicate; each chunk's
+/// .grad is an alias of its part of the averaged bucket (no copy).
+/// ZeRO-2 (shard_gradients = true): each rank keeps only its chunks'
+/// gradients (persistent, 1/N). When a bucket's gradients are complete
+/// during backward they are copied into a staging buffer, the parameters'
+/// .grad tensors are released, and the staging buffer is reduce-scattered and
+/// added to the chunk gradients; at most two buckets are in flight, so the
+/// transient memory is about two buckets plus the gradients of the bucket
+/// being filled. (On the non-sync micro-steps of accumulate() the full
+/// gradients accumulate locally, as without sharding.)
+class ZeroReducer final : public GradientSync, public OptimizerPartition {
+ public:
+  ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
+              int64_t bucket_bytes, bool shard_gradients)
+      : params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
+    for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
+    build_layout(std::vector<int>(params_.size(), 0));
+    register_hooks();
+  }
+  ZeroReducer(const ZeroReducer&) = delete;
+  ZeroReducer& operator=(const ZeroReducer&) = delete;
+  ~ZeroReducer() override {
+    *alive_ = false;  // hooks capture `this`
+    try {
+      complete_all();
+    } catch (...) {
+    }
+  }
+
+  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+
+  void finalize() override {
+    if (!round_started_) return;
+    if (!shard_gradients_)
+      for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
+        for (auto k : buckets_[b].params)
+          if (!ready_[k]) adopt_grad(k);  // no gradient this round: its current value (zero after zero_grad)
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
+    launch_ready();
+    complete_all();
+    for (auto& b : buckets_) b.pending = b.params.size();
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_launch_ = 0;
+    round_started_ = false;
+    ++rounds_;
+  }
+
+  void zero_grad() override {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      if (!p.grad().defined()) continue;
+      if (shard_gradients_)
+        p.mutable_grad() = torch::Tensor();  // only the partition's gradients persist
+      else
+        p.mutable_grad().zero_();  // ZeRO-1: the bucket slices, chunks included
+    }
+    for (auto& b : buckets_) b.shard.mutable_grad().zero_();
+  }
+
+  void after_step(bool stepped) override {
+    if (!stepped || world_ == 1) return;
+    torch::NoGradGuard no_grad;
+    // All buckets in flight at once, then wait: the parameters are complete
+    // on every rank before the next forward.
+    std::vector<std::shared_ptr<runtime::Work>> works;
+    std::vector<torch::Tensor> inputs;
+    for (auto& b : buckets_) {
+      inputs.push_back(b.shard.detach().clone());  // input must not alias the output
+      works.push_back(comm_->all_gather(b.flat, inputs.back()));
+    }
+    for (auto& w : works) w->wait();
+  }
+
+  /// Rebinds `opt` to this rank's chunks: each parameter group's parameters
+  /// become the chunks of its buckets, keeping the group's options.
+  void adopt(torch::optim::Optimizer& opt) {
+    ACCEL_CHECK(!adopted_, "accel: two optimizers were prepared for the parameters of one model "
+                "under a shard policy. Use one optimizer (with several parameter groups if needed) "
+                "per prepared model, or shard::Replicate.");
+    ACCEL_CHECK(opt.state().empty(), "accel: the optimizer already has state (it stepped before "
+                "prepare()); a shard policy partitions that state. Prepare the optimizer before "
+                "its first step.");
+    std::vector<int> group_of(params_.size(), -1);
+    auto& groups = opt.param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (auto& p : groups[g].params()) {
+        auto it = index_.find(p.unsafeGetTensorImpl());
+        ACCEL_CHECK(it != index_.end(), "accel: the optimizer holds a parameter that is not a "
+                    "trainable parameter of the prepared model it shares parameters with. Under a "
+                    "shard policy one optimizer covers exactly one prepared model's trainable "
+                    "parameters; prepare the model first and give the optimizer only its parameters.");
+        ACCEL_CHECK(group_of[it->second] == -1, "accel: a parameter appears twice in the "
+                    "optimizer's parameter groups. List each parameter once.");
+        group_of[it->second] = static_cast<int>(g);
+      }
+    }
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      ACCEL_CHECK(group_of[k] != -1, "accel: parameter ", k, " of the prepared model requires a "
+                  "gradient but is in no parameter group of the optimizer; a shard policy steps "
+                  "only what the optimizer holds. Add it to the optimizer, or call "
+                  "requires_grad_(false) on it before prepare().");
+    if (group_of != group_of_) {
+      ACCEL_CHECK(rounds_ == 0 && !round_started_, "accel: the optimizer was prepared after a "
+                  "backward under a shard policy. Prepare the model and its optimizer before "
+                  "training (in the same prepare() call).");
+      build_layout(group_of);
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::vector<torch::Tensor> chunks;
+      for (auto& b : buckets_)
+        if (b.group == static_cast<int>(g)) chunks.push_back(b.shard);
+      groups[g].params() = std::move(chunks);
+    }
+    adopted_ = true;
+  }
+
+  bool owns(const torch::Tensor& p) const { return index_.count(p.unsafeGetTensorImpl()) > 0; }
+  std::size_t num_params() const { return params_.size(); }
+  bool shards_gradients() const { return shard_gradients_; }
+  std::size_t num_buckets() const { return buckets_.size(); }
+  runtime::Communicator& communicator() const { return *comm_; }
+  /// This rank's chunk of every bucket: what the optimizer steps.
+  std::vector<torch::Tensor> partitions() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& b : buckets_) out.push_back(b.shard);
+    return out;
+  }
+  /// Bytes of gradient storage this rank holds between steps (the buckets
+  /// for ZeRO-1, the chunks' gradients for ZeRO-2, plus any parameter
+  /// gradient not living in them); for tests and the benchmark.
+  int64_t gradient_bytes() const {
+    int64_t n = 0;
+    for (const auto& b : buckets_) {
+      const auto& g = shard_gradients_ ? b.shard.grad() : b.grad;
+      if (g.defined()) n += static_cast<int64_t>(g.nbytes());
+    }
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      const auto& g = params_[k].grad();
+      if (g.defined() && (shard_gradients_ || !aliases_bucket(k))) n += static_cast<int64_t>(g.nbytes());
+    }
+    return n;
+  }
+
+ private:
+  struct Slot {
+    std::size_t bucket;
+    int64_t offset;
+  };
+  struct Bucket {
+    std::vector<std::size_t> params;
+    int group = 0;
+    int64_t chunk = 0;    ///< padded numel / world
+    torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
+    torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
+    torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
+    std::size_t pending = 0;
+    std::shared_ptr<runtime::Work> work;
+    torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
+  };
+
+  void build_layout(const std::vector<int>& group_of) {
+    torch::NoGradGuard no_grad;
+    group_of_ = group_of;
+    std::vector<std::vector<std::size_t>> groups;
+    int64_t bytes = 0;
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const auto& p = params_[k];
+      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes_;
+      if (!start) {
+        auto q_index = groups.back().front();
+        const auto& q = params_[q_index];
+        start = q.scalar_type() != p.scalar_type() || q.device() != p.device() ||
+                group_of[q_index] != group_of[k];
+      }
+      if (start) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      groups.back().push_back(k);
+      bytes += static_cast<int64_t>(p.nbytes());
+    }
+    std::vector<Bucket> buckets;
+    slots_.assign(params_.size(), Slot{0, 0});
+    for (auto& g : groups) {
+      Bucket b;
+      int64_t numel = 0;
+      for (auto k : g) {
+        slots_[k] = Slot{buckets.size(), numel};
+        numel += params_[k].numel();
+      }
+      b.group = group_of[g.front()];
+      b.chunk = (numel + world_ - 1) / world_;
+      const auto opts = params_[g.front()].options().requires_grad(false);
+      b.flat = torch::zeros({b.chunk * world_}, opts);
+      if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
+      for (auto k : g) {
+        auto& p = params_[k];
+        auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+        slice.copy_(p.detach());
+        auto old_grad = p.grad();
+        p.set_data(slice);  // the module's parameter now lives in the bucket
+        if (!shard_gradients_ && old_grad.defined()) {
+          auto gslice = storage_alias(b.grad, slots_[k].offset, p.sizes());
+          gslice.copy_(old_grad);
+          p.mutable_grad() = gslice;
+        }
+      }
+      b.shard = storage_alias(b.flat, rank_ * b.chunk, {b.chunk});
+      b.shard.set_requires_grad(true);
+      b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
+                                                : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
+      b.params = std::move(g);
+      b.pending = b.params.size();
+      buckets.push_back(std::move(b));
+    }
+    buckets_ = std::move(buckets);
+    ready_.assign(params_.size(), false);
+  }
+
+  bool aliases_bucket(std::size_t k) const {
+    const auto& g = params_[k].grad();
+    const auto& b = buckets_[slots_[k].bucket];
+    return g.defined() && b.grad.defined() &&
+           g.data_ptr() == static_cast<char*>(b.grad.data_ptr()) +
+                               slots_[k].offset * static_cast<int64_t>(b.grad.element_size());
+  }
+
+  // ZeRO-1: autograd accumulates straight into the bucket from then on.
+  void adopt_grad(std::size_t k) {
+    if (aliases_bucket(k) && params_[k].grad().is_contiguous()) return;
+    torch::NoGradGuard no_grad;
+    auto& p = params_[k];
+    auto slice = storage_alias(buckets_[slots_[k].bucket].grad, slots_[k].offset, p.sizes());
+    if (p.grad().defined())
+      slice.copy_(p.grad());
+    else
+      slice.zero_();
+    p.mutable_grad() = slice;
+  }
+
+  void register_hooks() {
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+      ACCEL_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator. Give the shard "
+                  "policy leaf parameters that require gradients.");
+      std::weak_ptr<bool> alive = alive_;
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k, alive](const torch::autograd::variable_list& outputs,
+                           const torch::autograd::variable_list&) {
+            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+
+  void on_grad_ready(std::size_t k) {
+    if (!enabled_) return;
+    if (ready_[k]) finalize();  // a second backward before the step: close the first round
+    round_started_ = true;
+    ready_[k] = true;
+    if (!shard_gradients_) adopt_grad(k);
+    if (--buckets_[slots_[k].bucket].pending == 0) launch_ready();
+  }
+
+  // Buckets start strictly in index order so every rank issues the same
+  // sequence of collectives.
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  void launch(std::size_t index) {
+    torch::NoGradGuard no_grad;
+    auto& b = buckets_[index];
+    const double inv_world = 1.0 / world_;
+    if (!shard_gradients_) {
+      b.grad.mul_(inv_world);
+      b.work = comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
+      return;
+    }
+    if (index >= 2) complete(buckets_[index - 2]);  // bound the staging memory
+    b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
+    for (auto k : b.params) {
+      auto& p = params_[k];
+      if (!p.grad().defined()) continue;
+      b.staging.narrow(0, slots_[k].offset, p.numel()).copy_(p.grad().reshape(-1));
+      p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
+    }
+    b.staging.mul_(inv_world);
+    b.received = torch::empty({b.chunk}, b.flat.options());
+    b.work = comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+  }
+
+  void complete(Bucket& b) {
+    if (!b.work) return;
+    auto w = std::move(b.work);
+    w->wait();
+    if (shard_gradients_) {
+      torch::NoGradGuard no_grad;
+      b.shard.mutable_grad().add_(b.received);
+      b.staging = torch::Tensor();
+      b.received = torch::Tensor();
+    }
+  }
+
+  void complete_all() {
+    for (auto& b : buckets_) complete(b);
+  }
+
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<runtime::Communicator> comm_;
+  int64_t bucket_bytes_;
+  bool shard_gradients_;
+  int world_, rank_;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
+  std::vector<int> group_of_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<bool> ready_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::size_t next_launch_ = 0;
+  int64_t rounds_ = 0;
+  bool enabled_ = true;
+  bool round_started_ = false;
+  bool adopted_ = false;
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP

@@ -1,0 +1,229 @@
+// ZeRO stages 1 and 2 (shard::ShardOptimizer, shard::ShardGradients) train
+// exactly as data parallel (shard::Replicate) does, while each rank holds 1/N
+// of the optimizer state (and, for stage 2, of the gradients).
+#include <accel/accelerator.hpp>
+#include <accel/launch/notebook_launcher.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <catch2/catch.hpp>
+
+#include "workload.hpp"
+
+namespace {
+
+std::filesystem::path scratch(const std::string& name) {
+  const char* base = std::getenv("ACCEL_TEST_TMP");
+  auto dir = std::filesystem::path(base ? base : "/tmp") / "parallel";
+  std::filesystem::create_directories(dir);
+  auto p = dir / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+struct Run {
+  int micro_steps = 20;
+  int64_t per_rank_batch = 32;
+  int accumulation = 1;
+  double clip = 0;          ///< > 0: clip_grad_norm_ to this before every step
+  double bucket_mb = 25.0;
+  bool two_groups = false;  ///< first layer in its own parameter group with another learning rate
+  bool small = false;       ///< a small MLP instead of W (3-process runs on a 2-core CI)
+};
+
+torch::nn::Sequential make_model(const Run& run) {
+  if (!run.small) return workload::make_model();
+  torch::manual_seed(1);
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Linear(784, 256));
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(torch::nn::Linear(256, 129));  // odd sizes: buckets need padding
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(torch::nn::Linear(129, 10));
+  return seq;
+}
+
+/// Bytes of the tensors in the optimizer's per-parameter state (Adam: exp_avg
+/// and exp_avg_sq).
+int64_t adam_state_bytes(torch::optim::Optimizer& opt) {
+  int64_t n = 0;
+  for (auto& [key, st] : opt.state()) {
+    auto& s = static_cast<torch::optim::AdamParamState&>(*st);
+    n += static_cast<int64_t>(s.exp_avg().nbytes() + s.exp_avg_sq().nbytes());
+    if (s.max_exp_avg_sq().defined()) n += static_cast<int64_t>(s.max_exp_avg_sq().nbytes());
+  }
+  return n;
+}
+
+/// W (or the small MLP) with Adam under Shard; rank r writes its final
+/// parameters, then [state bytes, gradient bytes, clip norms...] to out_r.pt.
+template <class Shard>
+void train(std::string out, Run run) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(accel::AcceleratorOptions{
+      .gradient_accumulation_steps = run.accumulation, .bucket_cap_mb = run.bucket_mb});
+  auto model = make_model(run);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto params = model->parameters();
+  if (run.two_groups) {
+    groups.emplace_back(std::vector<torch::Tensor>(params.begin(), params.begin() + 2),
+                        std::make_unique<torch::optim::AdamOptions>(3e-3));
+    groups.emplace_back(std::vector<torch::Tensor>(params.begin() + 2, params.end()));
+  } else {
+    groups.emplace_back(params);
+  }
+  torch::optim::Adam adam(std::move(groups), torch::optim::AdamOptions(1e-3));
+  auto loader = accel::data::make_data_loader(
+      workload::Dataset(workload::make_data()),
+      accel::data::LoaderOptions{.batch_size = run.per_rank_batch, .shuffle = false});
+  auto [m, opt, dl] = acc.prepare(model, adam, loader);
+  std::vector<double> norms;
+  int step = 0;
+  for (auto& batch : dl) {
+    if (step++ == run.micro_steps) break;
+    auto guard = acc.accumulate(m);
+    auto loss = torch::cross_entropy_loss(m(batch.data), batch.target);
+    acc.backward(loss);
+    if (run.clip > 0 && acc.sync_gradients()) norms.push_back(acc.clip_grad_norm_(m, run.clip));
+    opt.step();
+    opt.zero_grad();
+  }
+  // Gradients held between steps: after a backward whose step has not run.
+  auto loss = torch::cross_entropy_loss(m(workload::make_data(64).x.narrow(0, 0, 8)),
+                                        torch::zeros({8}, torch::kLong));
+  acc.backward(loss);
+  m.gradient_sync().finalize();
+  int64_t grad_bytes = 0;
+  if (auto* z = dynamic_cast<accel::shard::detail::ZeroReducer*>(&m.gradient_sync()))
+    grad_bytes = z->gradient_bytes();
+  else
+    for (auto& p : model->parameters()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+
+  std::vector<torch::Tensor> saved;
+  for (auto& p : model->parameters()) saved.push_back(p.detach().clone());
+  std::vector<double> stats{static_cast<double>(adam_state_bytes(*opt)), static_cast<double>(grad_bytes)};
+  stats.insert(stats.end(), norms.begin(), norms.end());
+  saved.push_back(torch::tensor(stats, torch::kDouble));
+  torch::save(saved, out + "_" + std::to_string(acc.process_index()) + ".pt");
+}
+
+struct Result {
+  std::vector<torch::Tensor> params;
+  double state_bytes = 0, grad_bytes = 0;
+  std::vector<double> norms;
+};
+
+Result load(const std::string& out, int rank) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, out + "_" + std::to_string(rank) + ".pt");
+  Result r;
+  auto stats = v.back();
+  v.pop_back();
+  r.params = std::move(v);
+  r.state_bytes = stats[0].item<double>();
+  r.grad_bytes = stats[1].item<double>();
+  for (int64_t i = 2; i < stats.numel(); ++i) r.norms.push_back(stats[i].item<double>());
+  return r;
+}
+
+template <class Shard>
+std::vector<Result> launch(const std::string& name, int world, Run run) {
+  auto out = scratch(name).string();
+  accel::LaunchOptions lo;
+  lo.num_processes = world;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(300);
+  accel::notebook_launcher(train<Shard>, std::make_tuple(out, run), lo);
+  std::vector<Result> results;
+  for (int r = 0; r < world; ++r) results.push_back(load(out, r));
+  return results;
+}
+
+int64_t param_bytes(const Result& r) {
+  int64_t n = 0;
+  for (auto& p : r.params) n += static_cast<int64_t>(p.nbytes());
+  return n;
+}
+
+/// Sharded runs end with Replicate's parameters on every rank; the state and
+/// gradient bytes per rank are what ZeRO's accounting predicts.
+void compare(int world, Run run, const std::string& tag) {
+  using namespace accel::shard;
+  auto reference = launch<Replicate>(tag + "_replicate", world, run);
+  auto zero1 = launch<ShardOptimizer>(tag + "_zero1", world, run);
+  auto zero2 = launch<ShardGradients>(tag + "_zero2", world, run);
+  const double full = static_cast<double>(param_bytes(reference[0]));
+  for (int r = 0; r < world; ++r) {
+    INFO("world " << world << ", rank " << r);
+    // Replicate: Adam keeps 2 values per parameter on every rank.
+    CHECK(reference[r].state_bytes == Approx(2 * full));
+    CHECK(reference[r].grad_bytes == Approx(full));
+    for (const auto* zero : {&zero1, &zero2}) {
+      const auto& z = (*zero)[r];
+      double diff = workload::max_abs_diff(z.params, reference[0].params);
+      INFO((zero == &zero1 ? "ShardOptimizer" : "ShardGradients")
+           << " max |sharded - Replicate| = " << diff << ", state bytes " << z.state_bytes
+           << " vs " << reference[r].state_bytes << ", gradient bytes " << z.grad_bytes);
+      CHECK(diff <= 1e-5);
+      // 1/N of Replicate's, plus at most the padding of each bucket.
+      CHECK(z.state_bytes >= 2 * full / world);
+      CHECK(z.state_bytes <= 2 * full / world + 2 * 4 * world * 8);
+      REQUIRE(z.norms.size() == reference[r].norms.size());
+      for (std::size_t i = 0; i < z.norms.size(); ++i)
+        CHECK(z.norms[i] == Approx(reference[r].norms[i]).epsilon(1e-5));
+    }
+    CHECK(zero1[r].grad_bytes >= full);  // ZeRO-1 keeps the full (padded) gradients
+    CHECK(zero1[r].grad_bytes <= full + 4 * world * 8);
+    CHECK(zero2[r].grad_bytes >= full / world);
+    CHECK(zero2[r].grad_bytes <= full / world + 4 * world * 8);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ShardOptimizer and ShardGradients on 2 processes equal Replicate (W, Adam)",
+          "[parallel][gloo][zero]") {
+  Run run;
+  run.bucket_mb = 8;  // several buckets of W, each padded
+  compare(2, run, "zero_w2");
+}
+
+TEST_CASE("ShardOptimizer and ShardGradients on 3 processes equal Replicate", "[parallel][gloo][zero]") {
+  Run run;
+  run.small = true;
+  run.per_rank_batch = 21;
+  run.bucket_mb = 0.25;
+  compare(3, run, "zero_s3");
+}
+
+TEST_CASE("Sharding with gradient accumulation, clipping and two parameter groups",
+          "[parallel][gloo][zero][accumulate]") {
+  Run run;
+  run.small = true;
+  run.per_rank_batch = 16;
+  run.accumulation = 2;
+  run.clip = 0.5;
+  run.two_groups = true;
+  run.bucket_mb = 0.25;
+  SECTION("2 processes") { compare(2, run, "zero_acc2"); }
+  SECTION("3 processes") { compare(3, run, "zero_acc3"); }
+}
+
+namespace {
+void optimizer_missing_a_parameter(int) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, accel::shard::ShardOptimizer> acc;
+  auto model = torch::nn::Linear(4, 3);
+  torch::optim::Adam adam(std::vector<torch::Tensor>{model->weight}, torch::optim::AdamOptions(1e-3));
+  auto [m, opt] = acc.prepare(model, adam);
+}
+}  // namespace
+
+TEST_CASE("A sharded optimizer must hold every trainable parameter of its model",
+          "[parallel][gloo][zero]") {
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(120);
+  REQUIRE_THROWS_WITH(accel::notebook_launcher(optimizer_missing_a_parameter, std::make_tuple(0), lo),
+                      Catch::Contains("requires a gradient but is in no parameter group of the optimizer"));
+}
