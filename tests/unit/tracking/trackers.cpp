@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -221,4 +222,42 @@ TEST_CASE("only the main process writes, on 2 processes", "[tracking][trackers][
   for (auto& e : fs::directory_iterator(run))
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) ++files;
   CHECK(files == 1);
+}
+
+TEST_CASE("Google's protobuf parser reads every event record (when protoc is installed)",
+          "[tracking][tfevents]") {
+  if (!fs::exists("/usr/bin/protoc")) {
+    WARN("protoc not installed (Debian: protobuf-compiler); schema-free check skipped");
+    return;
+  }
+  auto dir = scratch("protoc");
+  tr::Trackers t;
+  t.init(dir.string(), "r", {}, {.jsonl = false, .csv = false, .tensorboard = true}, true);
+  t.log({{"loss", 0.5}, {"acc", 0.25}}, 7);
+  t.finish();
+  auto bytes = slurp(event_file(dir / "r"));
+  std::vector<std::string> decoded;
+  size_t pos = 0;
+  while (pos + 12 <= bytes.size()) {
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + pos, 8);
+    auto record = dir / ("record" + std::to_string(decoded.size()));
+    { std::ofstream(record, std::ios::binary) << bytes.substr(pos + 12, n); }
+    pos += 16 + n;
+    std::string cmd = "/usr/bin/protoc --decode_raw < '" + record.string() + "' 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    while (auto k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+    REQUIRE(::pclose(p) == 0);
+    decoded.push_back(out);
+  }
+  REQUIRE(decoded.size() == 2);
+  // Field numbers of tf.Event: 1 wall_time (fixed64), 2 step, 3 file_version, 5 summary.
+  CHECK(decoded[0].find("3: \"brain.Event:2\"") != std::string::npos);
+  CHECK(decoded[1].find("2: 7\n") != std::string::npos);
+  // Summary.value (1) { tag (1), simple_value (2, fixed32 float bits) }: 0.25f, 0.5f.
+  CHECK(decoded[1].find("1: \"acc\"\n    2: 0x3e800000") != std::string::npos);
+  CHECK(decoded[1].find("1: \"loss\"\n    2: 0x3f000000") != std::string::npos);
 }
