@@ -3,6 +3,10 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -104,3 +108,37 @@ TEST_CASE("W under mpirun equals one process at batch 64", "[.mpi][parallel]") {
   }
 }
 #endif
+
+// Two "machines" on loopback: two launchers (node_rank 0 and 1) with two
+// workers each rendezvous through one TCPStore into a world of 4.
+TEST_CASE("W on two nodes of two processes equals one process", "[parallel][gloo][multinode]") {
+  auto out = scratch("two_nodes").string();
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.num_nodes = 2;
+  lo.master_port = accel::detail::launch::pick_free_port("127.0.0.1");
+  lo.timeout = std::chrono::seconds(300);
+  // Global batch 64 over 4 ranks: 16 rows each.
+  auto args = std::make_tuple(out, 20, int64_t{16}, 1);
+  pid_t node1 = ::fork();
+  if (node1 == 0) {
+    int rc = 0;
+    try {
+      auto o = lo;
+      o.node_rank = 1;
+      accel::notebook_launcher(train_w<accel::backend::Gloo>, args, o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "node 1: %s\n", e.what());
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  REQUIRE(node1 > 0);
+  REQUIRE_NOTHROW(accel::notebook_launcher(train_w<accel::backend::Gloo>, args, lo));
+  int status = 0;
+  REQUIRE(::waitpid(node1, &status, 0) == node1);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  check_equivalent(out, 4, 20);
+}
