@@ -8,8 +8,7 @@
 #include <accel/errors.hpp>
 #include <accel/options.hpp>
 #include <accel/random.hpp>
-#include <accel/runtime/process_env.hpp>
-#include <accel/runtime/communicator.hpp>
+#include <accel/runtime.hpp>
 #include <accel/backend.hpp>
 #include <accel/precision.hpp>
 #include <accel/shard.hpp>

@@ -283,6 +283,15 @@ inline void set_seed(uint64_t seed, bool device_specific = false) {
 
 #endif  // ACCEL_RANDOM_HPP
 // end <accel/random.hpp>
+// begin <accel/runtime.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the runtime area's public surface: ProcessEnv (who am I),
+/// the Communicator interface, the rendezvous store (make_store), and the
+/// Gloo and MPI communicators (make_gloo_communicator, make_mpi_communicator;
+/// the MPI one only when ACCEL_WITH_MPI).
+#ifndef ACCEL_RUNTIME_HPP
+#define ACCEL_RUNTIME_HPP
+
 // begin <accel/runtime/communicator.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Declares accel::runtime::Communicator, the one collective interface every
@@ -368,69 +377,6 @@ class LocalCommunicator final : public Communicator {
 
 #endif  // ACCEL_RUNTIME_COMMUNICATOR_HPP
 // end <accel/runtime/communicator.hpp>
-// begin <accel/backend.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Umbrella of the backend policies.
-#ifndef ACCEL_BACKEND_HPP
-#define ACCEL_BACKEND_HPP
-
-// begin <accel/backend/concept.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Declares what a backend policy is: the trait, the concept and the
-/// asserting check whose messages say what is missing.
-#ifndef ACCEL_BACKEND_CONCEPT_HPP
-#define ACCEL_BACKEND_CONCEPT_HPP
-
-#include <concepts>
-#include <memory>
-#include <string_view>
-#include <type_traits>
-
-
-namespace accel {
-
-/// A backend policy says where tensors live and how ranks talk:
-///   static constexpr std::string_view name;
-///   static constexpr bool multi_process;   // false: one process whatever the environment says
-///   static constexpr bool available;       // compiled into this build
-///   static torch::Device device(const runtime::ProcessEnv&);
-///   static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv&,
-///                                                                   const AcceleratorOptions&);
-template <class B>
-concept BackendPolicy = requires(const runtime::ProcessEnv& env, const AcceleratorOptions& opts) {
-  { B::name } -> std::convertible_to<std::string_view>;
-  { B::multi_process } -> std::convertible_to<bool>;
-  { B::available } -> std::convertible_to<bool>;
-  { B::device(env) } -> std::same_as<torch::Device>;
-  { B::make_communicator(env, opts) } -> std::same_as<std::shared_ptr<runtime::Communicator>>;
-};
-
-template <class B>
-struct is_backend_policy : std::bool_constant<BackendPolicy<B>> {};
-template <class B>
-inline constexpr bool is_backend_policy_v = is_backend_policy<B>::value;
-
-template <class B>
-struct check_backend_policy {
-  static_assert(is_backend_policy_v<B>,
-                "accel: the Backend parameter of Accelerator is not a backend policy. Use "
-                "accel::backend::SingleDevice, Gloo, Mpi or Nccl (or see docs/backends.md to write one).");
-  static constexpr bool value = is_backend_policy_v<B>;
-};
-
-}  // namespace accel
-
-#endif  // ACCEL_BACKEND_CONCEPT_HPP
-// end <accel/backend/concept.hpp>
-// begin <accel/backend/gloo.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::backend::Gloo: PyTorch's c10d Gloo process group.
-#ifndef ACCEL_BACKEND_GLOO_HPP
-#define ACCEL_BACKEND_GLOO_HPP
-
-#include <memory>
-#include <string_view>
-
 // begin <accel/runtime/gloo_communicator.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::GlooCommunicator and make_gloo_communicator:
@@ -765,47 +711,6 @@ inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& en
 
 #endif  // ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
 // end <accel/runtime/gloo_communicator.hpp>
-
-namespace accel::backend {
-
-/// CPU tensors (and CUDA) across processes and machines; rendezvous through
-/// a c10d TCPStore at MASTER_ADDR:MASTER_PORT, or a FileStore
-/// (AcceleratorOptions::file_store).
-struct Gloo {
-  static constexpr std::string_view name = "Gloo";
-  static constexpr bool multi_process = true;
-  static constexpr bool available = true;
-
-  static torch::Device device(const runtime::ProcessEnv& env) {
-    if (torch::cuda::is_available())
-      return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                             env.local_rank % static_cast<int>(torch::cuda::device_count())));
-    return torch::Device(torch::kCPU);
-  }
-  static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv& env,
-                                                                  const AcceleratorOptions& opts) {
-    if (env.world_size == 1) return std::make_shared<runtime::LocalCommunicator>();
-    runtime::GlooOptions g;
-    g.timeout = opts.timeout;
-    g.file_store = opts.file_store;
-    return runtime::make_gloo_communicator(env, g);
-  }
-};
-
-}  // namespace accel::backend
-
-#endif  // ACCEL_BACKEND_GLOO_HPP
-// end <accel/backend/gloo.hpp>
-// begin <accel/backend/mpi.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::backend::Mpi: MPI's non-blocking collectives.
-#ifndef ACCEL_BACKEND_MPI_HPP
-#define ACCEL_BACKEND_MPI_HPP
-
-#include <memory>
-#include <string_view>
-
-#if ACCEL_WITH_MPI
 // begin <accel/runtime/mpi_communicator.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::MpiCommunicator and make_mpi_communicator:
@@ -1556,6 +1461,113 @@ inline std::shared_ptr<MpiCommunicator> make_mpi_communicator(const ProcessEnv& 
 
 #endif  // ACCEL_RUNTIME_MPI_COMMUNICATOR_HPP
 // end <accel/runtime/mpi_communicator.hpp>
+
+#endif  // ACCEL_RUNTIME_HPP
+// end <accel/runtime.hpp>
+// begin <accel/backend.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the backend policies.
+#ifndef ACCEL_BACKEND_HPP
+#define ACCEL_BACKEND_HPP
+
+// begin <accel/backend/concept.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares what a backend policy is: the trait, the concept and the
+/// asserting check whose messages say what is missing.
+#ifndef ACCEL_BACKEND_CONCEPT_HPP
+#define ACCEL_BACKEND_CONCEPT_HPP
+
+#include <concepts>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+
+
+namespace accel {
+
+/// A backend policy says where tensors live and how ranks talk:
+///   static constexpr std::string_view name;
+///   static constexpr bool multi_process;   // false: one process whatever the environment says
+///   static constexpr bool available;       // compiled into this build
+///   static torch::Device device(const runtime::ProcessEnv&);
+///   static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv&,
+///                                                                   const AcceleratorOptions&);
+template <class B>
+concept BackendPolicy = requires(const runtime::ProcessEnv& env, const AcceleratorOptions& opts) {
+  { B::name } -> std::convertible_to<std::string_view>;
+  { B::multi_process } -> std::convertible_to<bool>;
+  { B::available } -> std::convertible_to<bool>;
+  { B::device(env) } -> std::same_as<torch::Device>;
+  { B::make_communicator(env, opts) } -> std::same_as<std::shared_ptr<runtime::Communicator>>;
+};
+
+template <class B>
+struct is_backend_policy : std::bool_constant<BackendPolicy<B>> {};
+template <class B>
+inline constexpr bool is_backend_policy_v = is_backend_policy<B>::value;
+
+template <class B>
+struct check_backend_policy {
+  static_assert(is_backend_policy_v<B>,
+                "accel: the Backend parameter of Accelerator is not a backend policy. Use "
+                "accel::backend::SingleDevice, Gloo, Mpi or Nccl (or see docs/backends.md to write one).");
+  static constexpr bool value = is_backend_policy_v<B>;
+};
+
+}  // namespace accel
+
+#endif  // ACCEL_BACKEND_CONCEPT_HPP
+// end <accel/backend/concept.hpp>
+// begin <accel/backend/gloo.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::Gloo: PyTorch's c10d Gloo process group.
+#ifndef ACCEL_BACKEND_GLOO_HPP
+#define ACCEL_BACKEND_GLOO_HPP
+
+#include <memory>
+#include <string_view>
+
+
+namespace accel::backend {
+
+/// CPU tensors (and CUDA) across processes and machines; rendezvous through
+/// a c10d TCPStore at MASTER_ADDR:MASTER_PORT, or a FileStore
+/// (AcceleratorOptions::file_store).
+struct Gloo {
+  static constexpr std::string_view name = "Gloo";
+  static constexpr bool multi_process = true;
+  static constexpr bool available = true;
+
+  static torch::Device device(const runtime::ProcessEnv& env) {
+    if (torch::cuda::is_available())
+      return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                             env.local_rank % static_cast<int>(torch::cuda::device_count())));
+    return torch::Device(torch::kCPU);
+  }
+  static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv& env,
+                                                                  const AcceleratorOptions& opts) {
+    if (env.world_size == 1) return std::make_shared<runtime::LocalCommunicator>();
+    runtime::GlooOptions g;
+    g.timeout = opts.timeout;
+    g.file_store = opts.file_store;
+    return runtime::make_gloo_communicator(env, g);
+  }
+};
+
+}  // namespace accel::backend
+
+#endif  // ACCEL_BACKEND_GLOO_HPP
+// end <accel/backend/gloo.hpp>
+// begin <accel/backend/mpi.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::backend::Mpi: MPI's non-blocking collectives.
+#ifndef ACCEL_BACKEND_MPI_HPP
+#define ACCEL_BACKEND_MPI_HPP
+
+#include <memory>
+#include <string_view>
+
+#if ACCEL_WITH_MPI
 #endif
 
 namespace accel::backend {
@@ -6679,6 +6691,19 @@ class GradientSync {
   virtual void finalize() = 0;
 };
 
+/// What a sharded model's policy does around the optimizer whose parameters
+/// are this rank's partitions (shard::ShardOptimizer, ShardGradients).
+class OptimizerPartition {
+ public:
+  virtual ~OptimizerPartition() = default;
+  /// Zeroes (or releases) every gradient the model holds, not only the
+  /// partitions' that the optimizer sees.
+  virtual void zero_grad() = 0;
+  /// After the inner optimizer step: make every rank's full parameters the
+  /// updated ones again (all-gather). stepped is false when it was skipped.
+  virtual void after_step(bool stepped) = 0;
+};
+
 /// The policy for one process: gradients are already complete.
 class NoSync final : public GradientSync {
  public:
@@ -6885,6 +6910,7 @@ class AcceleratedOptimizer {
     const bool ok = state_->before_step ? state_->before_step(*opt_) : true;
     torch::Tensor loss;
     if (ok) loss = opt_->step(std::move(closure));
+    if (partition_) partition_->after_step(ok);
     if (state_->after_step) state_->after_step(ok);
     skipped_ = !ok;
     state_->last_step_skipped = !ok;
@@ -6900,6 +6926,13 @@ class AcceleratedOptimizer {
     for (auto& group : opt_->param_groups())
       for (auto& p : group.params())
         if (p.grad().defined()) p.mutable_grad().zero_();
+    if (partition_) partition_->zero_grad();
+  }
+
+  /// Shard policies: the optimizer's parameters are this rank's partitions of
+  /// a model's; the partition gathers the update and zeroes the full gradients.
+  void set_partition(std::shared_ptr<shard::detail::OptimizerPartition> partition) {
+    partition_ = std::move(partition);
   }
 
   bool step_was_skipped() const { return skipped_; }
@@ -6911,6 +6944,7 @@ class AcceleratedOptimizer {
  private:
   std::shared_ptr<O> opt_;
   std::shared_ptr<detail::TrainingState> state_;
+  std::shared_ptr<shard::detail::OptimizerPartition> partition_;
   bool skipped_ = false;
 };
 
@@ -7137,6 +7171,14 @@ auto share(A&& a) {
 /// rolled back if one of them still fails.
 #ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
 #define ACCEL_CHECKPOINT_SAVE_STATE_HPP
+
+// begin <accel/checkpoint/detail/state_layout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the names of save_state's files, the listing of automatic
+/// checkpoints, the agreement of the processes on success, and what each
+/// process writes.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
 
 // begin <accel/checkpoint/detail/state_files.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -7613,6 +7655,7 @@ struct StateRegistry {
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -7739,6 +7782,29 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
   write_json(stage / ("loaders_" + std::to_string(rank) + ".json"),
              {{"rank", rank}, {"loaders", loaders}});
 }
+
+}  // namespace detail
+}  // namespace accel::checkpoint
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+// end <accel/checkpoint/detail/state_layout.hpp>
+// begin <accel/checkpoint/detail/state_reader.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines how load_state reads a checkpoint: every file read and
+/// validated before anything changes, and archive loads that roll back.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+
+
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::checkpoint::detail {
 
 /// Keys, shapes and dtypes of a saved model against the module; the error
 /// lists every offending key.
@@ -7931,7 +7997,17 @@ class ArchiveTransaction {
   std::vector<std::pair<const Archived*, std::string>> done_;
 };
 
-}  // namespace detail
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+// end <accel/checkpoint/detail/state_reader.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace accel::checkpoint {
 
 /// Writes the registry's state to dir, or (no dir) to
 /// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
@@ -8412,6 +8488,495 @@ class BucketReducer final : public GradientSync {
 
 #endif  // ACCEL_SHARD_DETAIL_BUCKET_REDUCER_HPP
 // end <accel/shard/detail/bucket_reducer.hpp>
+// begin <accel/shard/detail/zero_binding.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines how the Accelerator ties an optimizer to a sharded model and
+/// clips sharded gradients (shard::ShardOptimizer, shard::ShardGradients).
+#ifndef ACCEL_SHARD_DETAIL_ZERO_BINDING_HPP
+#define ACCEL_SHARD_DETAIL_ZERO_BINDING_HPP
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/zero_reducer.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::ZeroReducer: the gradient and parameter
+/// traffic of shard::ShardOptimizer (ZeRO-1) and shard::ShardGradients (ZeRO-2).
+#ifndef ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
+#define ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+
+namespace accel::shard::detail {
+
+/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
+/// autograd view: zero_grad, set_data and optimizers treat it as a leaf.
+inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+}
+
+/// Parameters are grouped into buckets as in BucketReducer (reverse
+/// registration order, one dtype and one optimizer parameter group per
+/// bucket, at most bucket_bytes), each padded to a multiple of the world size
+/// N. Every bucket is one flat buffer the model's parameters point into
+/// (set_data), and rank r owns chunk r of every bucket: the optimizer is
+/// rebound (adopt()) to those chunks, so its state exists for 1/N of the
+/// model. A reduce-scatter of a bucket hands each rank exactly its chunk, and
+/// an all-gather of the chunks rebuilds the bucket in place.
+///
+/// ZeRO-1 (shard_gradients = false): full gradients live in padded flat
+/// buckets, all-reduced from backward hooks as with Replicate; each chunk's
+/// .grad is an alias of its part of the averaged bucket (no copy).
+/// ZeRO-2 (shard_gradients = true): each rank keeps only its chunks'
+/// gradients (persistent, 1/N). When a bucket's gradients are complete
+/// during backward they are copied into a staging buffer, the parameters'
+/// .grad tensors are released, and the staging buffer is reduce-scattered and
+/// added to the chunk gradients; at most two buckets are in flight, so the
+/// transient memory is about two buckets plus the gradients of the bucket
+/// being filled. (On the non-sync micro-steps of accumulate() the full
+/// gradients accumulate locally, as without sharding.)
+class ZeroReducer final : public GradientSync, public OptimizerPartition {
+ public:
+  ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
+              int64_t bucket_bytes, bool shard_gradients)
+      : params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
+    for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
+    build_layout(std::vector<int>(params_.size(), 0));
+    register_hooks();
+  }
+  ZeroReducer(const ZeroReducer&) = delete;
+  ZeroReducer& operator=(const ZeroReducer&) = delete;
+  ~ZeroReducer() override {
+    *alive_ = false;  // hooks capture `this`
+    try {
+      complete_all();
+    } catch (...) {
+    }
+  }
+
+  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+
+  void finalize() override {
+    if (!round_started_) return;
+    if (!shard_gradients_)
+      for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
+        for (auto k : buckets_[b].params)
+          if (!ready_[k]) adopt_grad(k);  // no gradient this round: its current value (zero after zero_grad)
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
+    launch_ready();
+    complete_all();
+    for (auto& b : buckets_) b.pending = b.params.size();
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_launch_ = 0;
+    round_started_ = false;
+    ++rounds_;
+  }
+
+  void zero_grad() override {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      if (!p.grad().defined()) continue;
+      if (shard_gradients_)
+        p.mutable_grad() = torch::Tensor();  // only the partition's gradients persist
+      else
+        p.mutable_grad().zero_();  // ZeRO-1: the bucket slices, chunks included
+    }
+    for (auto& b : buckets_) b.shard.mutable_grad().zero_();
+  }
+
+  void after_step(bool stepped) override {
+    if (!stepped || world_ == 1) return;
+    torch::NoGradGuard no_grad;
+    // All buckets in flight at once, then wait: the parameters are complete
+    // on every rank before the next forward.
+    std::vector<std::shared_ptr<runtime::Work>> works;
+    std::vector<torch::Tensor> inputs;
+    for (auto& b : buckets_) {
+      inputs.push_back(b.shard.detach().clone());  // input must not alias the output
+      works.push_back(comm_->all_gather(b.flat, inputs.back()));
+    }
+    for (auto& w : works) w->wait();
+  }
+
+  /// Rebinds `opt` to this rank's chunks: each parameter group's parameters
+  /// become the chunks of its buckets, keeping the group's options.
+  void adopt(torch::optim::Optimizer& opt) {
+    ACCEL_CHECK(!adopted_, "accel: two optimizers were prepared for the parameters of one model "
+                "under a shard policy. Use one optimizer (with several parameter groups if needed) "
+                "per prepared model, or shard::Replicate.");
+    ACCEL_CHECK(opt.state().empty(), "accel: the optimizer already has state (it stepped before "
+                "prepare()); a shard policy partitions that state. Prepare the optimizer before "
+                "its first step.");
+    std::vector<int> group_of(params_.size(), -1);
+    auto& groups = opt.param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (auto& p : groups[g].params()) {
+        auto it = index_.find(p.unsafeGetTensorImpl());
+        ACCEL_CHECK(it != index_.end(), "accel: the optimizer holds a parameter that is not a "
+                    "trainable parameter of the prepared model it shares parameters with. Under a "
+                    "shard policy one optimizer covers exactly one prepared model's trainable "
+                    "parameters; prepare the model first and give the optimizer only its parameters.");
+        ACCEL_CHECK(group_of[it->second] == -1, "accel: a parameter appears twice in the "
+                    "optimizer's parameter groups. List each parameter once.");
+        group_of[it->second] = static_cast<int>(g);
+      }
+    }
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      ACCEL_CHECK(group_of[k] != -1, "accel: parameter ", k, " of the prepared model requires a "
+                  "gradient but is in no parameter group of the optimizer; a shard policy steps "
+                  "only what the optimizer holds. Add it to the optimizer, or call "
+                  "requires_grad_(false) on it before prepare().");
+    if (group_of != group_of_) {
+      ACCEL_CHECK(rounds_ == 0 && !round_started_, "accel: the optimizer was prepared after a "
+                  "backward under a shard policy. Prepare the model and its optimizer before "
+                  "training (in the same prepare() call).");
+      build_layout(group_of);
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::vector<torch::Tensor> chunks;
+      for (auto& b : buckets_)
+        if (b.group == static_cast<int>(g)) chunks.push_back(b.shard);
+      groups[g].params() = std::move(chunks);
+    }
+    adopted_ = true;
+  }
+
+  bool owns(const torch::Tensor& p) const { return index_.count(p.unsafeGetTensorImpl()) > 0; }
+  std::size_t num_params() const { return params_.size(); }
+  bool shards_gradients() const { return shard_gradients_; }
+  std::size_t num_buckets() const { return buckets_.size(); }
+  runtime::Communicator& communicator() const { return *comm_; }
+  /// This rank's chunk of every bucket: what the optimizer steps.
+  std::vector<torch::Tensor> partitions() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& b : buckets_) out.push_back(b.shard);
+    return out;
+  }
+  /// Bytes of gradient storage this rank holds between steps (the buckets
+  /// for ZeRO-1, the chunks' gradients for ZeRO-2, plus any parameter
+  /// gradient not living in them); for tests and the benchmark.
+  int64_t gradient_bytes() const {
+    int64_t n = 0;
+    for (const auto& b : buckets_) {
+      const auto& g = shard_gradients_ ? b.shard.grad() : b.grad;
+      if (g.defined()) n += static_cast<int64_t>(g.nbytes());
+    }
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      const auto& g = params_[k].grad();
+      if (g.defined() && (shard_gradients_ || !aliases_bucket(k))) n += static_cast<int64_t>(g.nbytes());
+    }
+    return n;
+  }
+
+ private:
+  struct Slot {
+    std::size_t bucket;
+    int64_t offset;
+  };
+  struct Bucket {
+    std::vector<std::size_t> params;
+    int group = 0;
+    int64_t chunk = 0;    ///< padded numel / world
+    torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
+    torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
+    torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
+    std::size_t pending = 0;
+    std::shared_ptr<runtime::Work> work;
+    torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
+  };
+
+  void build_layout(const std::vector<int>& group_of) {
+    torch::NoGradGuard no_grad;
+    group_of_ = group_of;
+    std::vector<std::vector<std::size_t>> groups;
+    int64_t bytes = 0;
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const auto& p = params_[k];
+      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes_;
+      if (!start) {
+        auto q_index = groups.back().front();
+        const auto& q = params_[q_index];
+        start = q.scalar_type() != p.scalar_type() || q.device() != p.device() ||
+                group_of[q_index] != group_of[k];
+      }
+      if (start) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      groups.back().push_back(k);
+      bytes += static_cast<int64_t>(p.nbytes());
+    }
+    std::vector<Bucket> buckets;
+    slots_.assign(params_.size(), Slot{0, 0});
+    for (auto& g : groups) {
+      Bucket b;
+      int64_t numel = 0;
+      for (auto k : g) {
+        slots_[k] = Slot{buckets.size(), numel};
+        numel += params_[k].numel();
+      }
+      b.group = group_of[g.front()];
+      b.chunk = (numel + world_ - 1) / world_;
+      const auto opts = params_[g.front()].options().requires_grad(false);
+      b.flat = torch::zeros({b.chunk * world_}, opts);
+      if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
+      for (auto k : g) {
+        auto& p = params_[k];
+        auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+        slice.copy_(p.detach());
+        auto old_grad = p.grad();
+        p.set_data(slice);  // the module's parameter now lives in the bucket
+        if (!shard_gradients_ && old_grad.defined()) {
+          auto gslice = storage_alias(b.grad, slots_[k].offset, p.sizes());
+          gslice.copy_(old_grad);
+          p.mutable_grad() = gslice;
+        }
+      }
+      b.shard = storage_alias(b.flat, rank_ * b.chunk, {b.chunk});
+      b.shard.set_requires_grad(true);
+      b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
+                                                : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
+      b.params = std::move(g);
+      b.pending = b.params.size();
+      buckets.push_back(std::move(b));
+    }
+    buckets_ = std::move(buckets);
+    ready_.assign(params_.size(), false);
+  }
+
+  bool aliases_bucket(std::size_t k) const {
+    const auto& g = params_[k].grad();
+    const auto& b = buckets_[slots_[k].bucket];
+    return g.defined() && b.grad.defined() &&
+           g.data_ptr() == static_cast<char*>(b.grad.data_ptr()) +
+                               slots_[k].offset * static_cast<int64_t>(b.grad.element_size());
+  }
+
+  // ZeRO-1: autograd accumulates straight into the bucket from then on.
+  void adopt_grad(std::size_t k) {
+    if (aliases_bucket(k) && params_[k].grad().is_contiguous()) return;
+    torch::NoGradGuard no_grad;
+    auto& p = params_[k];
+    auto slice = storage_alias(buckets_[slots_[k].bucket].grad, slots_[k].offset, p.sizes());
+    if (p.grad().defined())
+      slice.copy_(p.grad());
+    else
+      slice.zero_();
+    p.mutable_grad() = slice;
+  }
+
+  void register_hooks() {
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+      ACCEL_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator. Give the shard "
+                  "policy leaf parameters that require gradients.");
+      std::weak_ptr<bool> alive = alive_;
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k, alive](const torch::autograd::variable_list& outputs,
+                           const torch::autograd::variable_list&) {
+            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+
+  void on_grad_ready(std::size_t k) {
+    if (!enabled_) return;
+    if (ready_[k]) finalize();  // a second backward before the step: close the first round
+    round_started_ = true;
+    ready_[k] = true;
+    if (!shard_gradients_) adopt_grad(k);
+    if (--buckets_[slots_[k].bucket].pending == 0) launch_ready();
+  }
+
+  // Buckets start strictly in index order so every rank issues the same
+  // sequence of collectives.
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  void launch(std::size_t index) {
+    torch::NoGradGuard no_grad;
+    auto& b = buckets_[index];
+    const double inv_world = 1.0 / world_;
+    if (!shard_gradients_) {
+      b.grad.mul_(inv_world);
+      b.work = comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
+      return;
+    }
+    if (index >= 2) complete(buckets_[index - 2]);  // bound the staging memory
+    b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
+    for (auto k : b.params) {
+      auto& p = params_[k];
+      if (!p.grad().defined()) continue;
+      b.staging.narrow(0, slots_[k].offset, p.numel()).copy_(p.grad().reshape(-1));
+      p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
+    }
+    b.staging.mul_(inv_world);
+    b.received = torch::empty({b.chunk}, b.flat.options());
+    b.work = comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+  }
+
+  void complete(Bucket& b) {
+    if (!b.work) return;
+    auto w = std::move(b.work);
+    w->wait();
+    if (shard_gradients_) {
+      torch::NoGradGuard no_grad;
+      b.shard.mutable_grad().add_(b.received);
+      b.staging = torch::Tensor();
+      b.received = torch::Tensor();
+    }
+  }
+
+  void complete_all() {
+    for (auto& b : buckets_) complete(b);
+  }
+
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<runtime::Communicator> comm_;
+  int64_t bucket_bytes_;
+  bool shard_gradients_;
+  int world_, rank_;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
+  std::vector<int> group_of_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  std::vector<bool> ready_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::size_t next_launch_ = 0;
+  int64_t rounds_ = 0;
+  bool enabled_ = true;
+  bool round_started_ = false;
+  bool adopted_ = false;
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
+// end <accel/shard/detail/zero_reducer.hpp>
+
+namespace accel::shard::detail {
+
+/// The sharded model (among the prepared ones) whose parameter `p` is, or null.
+inline std::shared_ptr<ZeroReducer> find_zero_reducer(
+    const std::vector<std::shared_ptr<GradientSync>>& syncs, const torch::Tensor& p) {
+  for (const auto& s : syncs)
+    if (auto z = std::dynamic_pointer_cast<ZeroReducer>(s); z && z->owns(p)) return z;
+  return nullptr;
+}
+
+/// Rebinds `opt` to the partitions of the prepared model that owns its
+/// parameters; the returned partition gathers updates and zeroes gradients.
+inline std::shared_ptr<OptimizerPartition> bind_optimizer(
+    const std::vector<std::shared_ptr<GradientSync>>& syncs, torch::optim::Optimizer& opt) {
+  std::shared_ptr<ZeroReducer> owner;
+  for (auto& g : opt.param_groups())
+    for (auto& p : g.params())
+      if (!owner) owner = find_zero_reducer(syncs, p);
+  ACCEL_CHECK(owner != nullptr, "accel: under a shard policy an optimizer must be prepared after "
+              "the model whose parameters it holds (no prepared model owns this optimizer's "
+              "parameters). Pass the model before the optimizer to prepare(), or prepare the "
+              "model first.");
+  owner->adopt(opt);
+  return owner;
+}
+
+/// What clip_grad_norm_/clip_grad_value_ act on: the given parameters, or,
+/// when they are a model under ShardGradients (whose full gradients are
+/// released), that rank's partitions, with the norm reduced across ranks.
+struct ClipTargets {
+  std::vector<torch::Tensor> tensors;
+  runtime::Communicator* reduce_over = nullptr;  ///< set: the norm spans every rank's tensors
+  int64_t param_count = 0;                       ///< for norm_type 0 (count of gradients)
+};
+
+inline ClipTargets clip_targets(const std::vector<std::shared_ptr<GradientSync>>& syncs,
+                                std::vector<torch::Tensor> params) {
+  ClipTargets t;
+  t.param_count = static_cast<int64_t>(params.size());
+  std::shared_ptr<ZeroReducer> owner;
+  for (const auto& p : params)
+    if (auto z = find_zero_reducer(syncs, p); z && z->shards_gradients()) {
+      owner = z;
+      break;
+    }
+  if (!owner) {
+    t.tensors = std::move(params);
+    return t;
+  }
+  std::size_t owned = 0;
+  for (const auto& p : params) owned += owner->owns(p) ? 1 : 0;
+  ACCEL_CHECK(owned == params.size() && owned == owner->num_params(),
+              "accel: under shard::ShardGradients clipping needs exactly the trainable parameters "
+              "of one prepared model (each rank holds only its partition of their gradients; got ",
+              params.size(), " parameters, ", owned, " of a model with ", owner->num_params(),
+              "). Pass the prepared model or model->parameters().");
+  t.tensors = owner->partitions();
+  t.reduce_over = &owner->communicator();
+  return t;
+}
+
+/// torch::nn::utils::clip_grad_norm_ over every rank's partitions: the norm of
+/// the concatenation is the p-th root of the all-reduced sums of p-th powers.
+inline double clip_grad_norm(const ClipTargets& t, double max_norm, double norm_type) {
+  if (t.reduce_over == nullptr) return torch::nn::utils::clip_grad_norm_(t.tensors, max_norm, norm_type);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : t.tensors)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const bool inf = norm_type == std::numeric_limits<double>::infinity();
+  double total = 0;
+  if (norm_type == 0) {
+    total = static_cast<double>(t.param_count);
+  } else {
+    double sum = 0;  // local max (inf) or sum of p-th powers
+    for (const auto& g : grads) {
+      if (g.numel() == 0) continue;
+      const double v = inf ? g.abs().max().item<double>() : std::pow(g.norm(norm_type).item<double>(), norm_type);
+      sum = inf ? std::max(sum, v) : sum + v;
+    }
+    auto local = torch::full({1}, sum, torch::TensorOptions().dtype(torch::kDouble).device(t.tensors.front().device()));
+    if (inf) {
+      t.reduce_over->all_reduce(local, runtime::ReduceOp::Max)->wait();
+      total = local.item<double>();
+    } else {
+      t.reduce_over->all_reduce(local, runtime::ReduceOp::Sum)->wait();
+      total = std::pow(local.item<double>(), 1.0 / norm_type);
+    }
+  }
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0)
+    for (auto& g : grads) g.mul_(coef);
+  return total;
+}
+
+inline void clip_grad_value(const ClipTargets& t, double clip_value) {
+  torch::nn::utils::clip_grad_value_(t.tensors, clip_value);  // element-wise: the partitions suffice
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_ZERO_BINDING_HPP
+// end <accel/shard/detail/zero_binding.hpp>
 // begin <accel/tracking/progress.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::tracking::ProgressBar: a one-line progress bar (steps,
@@ -9235,17 +9800,20 @@ class Accelerator {
   template <class Params>
   double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
     if (!state_->sync_gradients) return 0.0;
-    auto ps = detail::parameters_of(std::forward<Params>(params));
-    prepare_gradients_for_clipping(ps);
-    return torch::nn::utils::clip_grad_norm_(ps, max_norm, norm_type);
+    // Under ShardGradients: this rank's partitions, the norm reduced across ranks.
+    auto t = shard::detail::clip_targets(state_->syncs,
+                                         detail::parameters_of(std::forward<Params>(params)));
+    prepare_gradients_for_clipping(t.tensors);
+    return shard::detail::clip_grad_norm(t, max_norm, norm_type);
   }
 
   template <class Params>
   void clip_grad_value_(Params&& params, double clip_value) {
     if (!state_->sync_gradients) return;
-    auto ps = detail::parameters_of(std::forward<Params>(params));
-    prepare_gradients_for_clipping(ps);
-    torch::nn::utils::clip_grad_value_(ps, clip_value);
+    auto t = shard::detail::clip_targets(state_->syncs,
+                                         detail::parameters_of(std::forward<Params>(params)));
+    prepare_gradients_for_clipping(t.tensors);
+    shard::detail::clip_grad_value(t, clip_value);
   }
 
   torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
@@ -9398,7 +9966,11 @@ class Accelerator {
     } else if constexpr (kind == PrepareKind::Optimizer) {
       auto opt = detail::share(std::forward<A>(a));
       registry_.add_optimizer(opt);
-      return typename detail::prepared_type<0, T>::type(std::move(opt), state_);
+      typename detail::prepared_type<0, T>::type prepared(opt, state_);
+      if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
+        if (state_->comm->size() > 1)
+          prepared.set_partition(shard::detail::bind_optimizer(state_->syncs, *opt));
+      return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Scheduler) {
@@ -9421,9 +9993,13 @@ class Accelerator {
       std::vector<torch::Tensor> trainable;
       for (auto& p : module->parameters())
         if (p.requires_grad()) trainable.push_back(p);
-      sync = std::make_shared<shard::detail::BucketReducer>(
-          std::move(trainable), state_->comm,
-          static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024));
+      const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+      if constexpr (Shard::shards_optimizer_state)
+        sync = std::make_shared<shard::detail::ZeroReducer>(std::move(trainable), state_->comm,
+                                                            bucket_bytes, Shard::shards_gradients);
+      else
+        sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
+                                                              bucket_bytes);
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }
@@ -9497,7 +10073,7 @@ class Accelerator {
   void sync_registry() {
     registry_.state = state_;
     registry_.scaler = scaler_;
-    registry_.optimizer_per_rank = !std::is_same_v<Shard, shard::Replicate>;
+    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
   }
 };
 
