@@ -57,10 +57,11 @@ int64_t adam_state_bytes(torch::optim::Optimizer& opt) {
 }
 
 /// W (or the small MLP) with Adam under Shard; rank r writes its final
-/// parameters, then [state bytes, gradient bytes, clip norms...] to out_r.pt.
-template <class Shard>
+/// parameters, then [state bytes, gradient bytes, clip norms...] to out_r.pt,
+/// and save_model() writes out_model/.
+template <class Shard, class Precision>
 void train(std::string out, Run run) {
-  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(accel::AcceleratorOptions{
+  accel::Accelerator<accel::backend::Gloo, Precision, Shard> acc(accel::AcceleratorOptions{
       .gradient_accumulation_steps = run.accumulation, .bucket_cap_mb = run.bucket_mb});
   auto model = make_model(run);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -88,6 +89,7 @@ void train(std::string out, Run run) {
     opt.step();
     opt.zero_grad();
   }
+  acc.save_model(m, out + "_model");
   // Gradients held between steps: after a backward whose step has not run.
   auto loss = torch::cross_entropy_loss(m(workload::make_data(64).x.narrow(0, 0, 8)),
                                         torch::zeros({8}, torch::kLong));
@@ -111,6 +113,7 @@ struct Result {
   std::vector<torch::Tensor> params;
   double state_bytes = 0, grad_bytes = 0;
   std::vector<double> norms;
+  std::vector<torch::Tensor> saved_model;  ///< what save_model() wrote (rank 0's result only)
 };
 
 Result load(const std::string& out, int rank) {
@@ -126,16 +129,21 @@ Result load(const std::string& out, int rank) {
   return r;
 }
 
-template <class Shard>
+template <class Shard, class Precision>
 std::vector<Result> launch(const std::string& name, int world, Run run) {
   auto out = scratch(name).string();
   accel::LaunchOptions lo;
   lo.num_processes = world;
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(300);
-  accel::notebook_launcher(train<Shard>, std::make_tuple(out, run), lo);
+  accel::notebook_launcher(train<Shard, Precision>, std::make_tuple(out, run), lo);
   std::vector<Result> results;
   for (int r = 0; r < world; ++r) results.push_back(load(out, r));
+  // save_model() wrote the whole model, as every rank holds it after the step.
+  auto file = accel::checkpoint::load_safetensors(std::filesystem::path(out + "_model") / "model.safetensors");
+  std::vector<torch::Tensor> saved;
+  for (auto& [name, t] : file) saved.push_back(t);
+  results[0].saved_model = std::move(saved);
   return results;
 }
 
@@ -147,11 +155,16 @@ int64_t param_bytes(const Result& r) {
 
 /// Sharded runs end with Replicate's parameters on every rank; the state and
 /// gradient bytes per rank are what ZeRO's accounting predicts.
+template <class Precision = accel::precision::Fp32>
 void compare(int world, Run run, const std::string& tag) {
   using namespace accel::shard;
-  auto reference = launch<Replicate>(tag + "_replicate", world, run);
-  auto zero1 = launch<ShardOptimizer>(tag + "_zero1", world, run);
-  auto zero2 = launch<ShardGradients>(tag + "_zero2", world, run);
+  auto reference = launch<Replicate, Precision>(tag + "_replicate", world, run);
+  auto zero1 = launch<ShardOptimizer, Precision>(tag + "_zero1", world, run);
+  auto zero2 = launch<ShardGradients, Precision>(tag + "_zero2", world, run);
+  for (const auto* zero : {&zero1, &zero2}) {
+    REQUIRE((*zero)[0].saved_model.size() == reference[0].params.size());
+    CHECK(workload::max_abs_diff((*zero)[0].saved_model, (*zero)[0].params) == 0);
+  }
   const double full = static_cast<double>(param_bytes(reference[0]));
   for (int r = 0; r < world; ++r) {
     INFO("world " << world << ", rank " << r);
@@ -181,8 +194,9 @@ void compare(int world, Run run, const std::string& tag) {
 
 }  // namespace
 
+// W is ~10M parameters: its own ctest (tests/cmake_tests/zero.cmake), not part of unit.parallel.
 TEST_CASE("ShardOptimizer and ShardGradients on 2 processes equal Replicate (W, Adam)",
-          "[parallel][gloo][zero]") {
+          "[.zero_w][parallel][gloo]") {
   Run run;
   run.bucket_mb = 8;  // several buckets of W, each padded
   compare(2, run, "zero_w2");
@@ -194,6 +208,14 @@ TEST_CASE("ShardOptimizer and ShardGradients on 3 processes equal Replicate", "[
   run.per_rank_batch = 21;
   run.bucket_mb = 0.25;
   compare(3, run, "zero_s3");
+}
+
+TEST_CASE("ShardOptimizer and ShardGradients on 2 processes equal Replicate under Bf16",
+          "[parallel][gloo][zero][bf16]") {
+  Run run;
+  run.small = true;
+  run.bucket_mb = 0.25;
+  compare<accel::precision::Bf16>(2, run, "zero_bf16");
 }
 
 TEST_CASE("Sharding with gradient accumulation, clipping and two parameter groups",
