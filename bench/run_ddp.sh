@@ -8,7 +8,9 @@
 #
 # Environment: MPIRUN_ARGS (default "--bind-to none": no contender is pinned,
 # as the forked ones are not), PYTHON (default /usr/bin/python3, Debian's
-# python3-torch). Every process uses one intra-op thread, and OpenBLAS one
+# python3-torch), EXTRA (more accel runs per round, e.g. "gloo:cap=1 mpi:cap=1"
+# for a bucket-size sweep: backend:w_ddp-arguments, comma-separated arguments).
+# Every process uses one intra-op thread, and OpenBLAS one
 # thread (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, the same for everyone).
 # Each contender checks W's loss gate (mean over ranks: 2.298264 at step 0,
 # 2.311658 at step 32) and fails the script if it does not reproduce it.
@@ -43,6 +45,15 @@ for ((r = 1; r <= rounds; r++)); do
   run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi
   run "$bin" gloo flat
   run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi flat
+  for extra in ${EXTRA:-}; do
+    backend=${extra%%:*}
+    IFS=, read -r -a args <<<"${extra#*:}"
+    if [[ $backend == mpi ]]; then
+      run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi "${args[@]}"
+    else
+      run "$bin" "$backend" "${args[@]}"
+    fi
+  done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -52,7 +63,7 @@ awk -v rounds="$rounds" '
   {
     name = $2; if (!(name in n)) order[++k] = name
     for (f = 10; f <= 12; f++) w[name, ++n[name]] = $f
-    gate[name] = (name in gate && gate[name] != "ok") ? gate[name] : $7
+    if (!(name in gate) || gate[name] == "ok") gate[name] = $7  # keeps the first failure
     buckets[name] = $8; launched[name] = $9
   }
   END {
@@ -72,7 +83,10 @@ awk -v rounds="$rounds" '
     print "|---|---|---|---|---|---|---|---|"
     for (i = 1; i <= k; i++) {
       name = order[i]
-      printf "| %s | %.1f | %.1f | %.2fx | %.2fx | %s | %s | %s |\n", (name in label) ? label[name] : name,
+      l = name
+      if (name in label) l = label[name]
+      else if (sub(/^accel_gloo_cap/, "accel Gloo, ", l) || sub(/^accel_mpi_cap/, "accel Mpi, ", l)) l = l " MiB buckets, overlapped"
+      printf "| %s | %.1f | %.1f | %.2fx | %.2fx | %s | %s | %s |\n", l,
         mn[name], md[name], mn[name] / mn["python_ddp_gloo"], md[name] / md["python_ddp_gloo"],
         buckets[name], launched[name], gate[name]
     }

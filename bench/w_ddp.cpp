@@ -1,12 +1,13 @@
 // Workload W (shared/WORKLOAD.md) on 2 processes through accel's
 // data-parallel Accelerator (shard::Replicate), Gloo or MPI backend.
 //
-//   build-bench/bench/w_ddp gloo [flat] [loader]          (forks 2 workers with accel::notebook_launcher)
-//   mpirun --allow-run-as-root -np 2 build-bench/bench/w_ddp mpi [flat] [loader]
+//   build-bench/bench/w_ddp gloo [flat | cap=MB] [loader]       (forks 2 workers with accel::notebook_launcher)
+//   mpirun --allow-run-as-root -np 2 build-bench/bench/w_ddp mpi [flat | cap=MB] [loader]
 //
 // flat:   AcceleratorOptions::bucket_cap_mb = 1e6, i.e. ONE bucket holding all
 //         40 MB of gradients, all-reduced after backward ends (no overlap);
 //         default: 25 MiB buckets started from autograd hooks during backward.
+// cap=X:  bucket_cap_mb = X (a sweep of the bucket size; default 25).
 // loader: batches from accel's sharded data loader over TensorDataset (batch
 //         32 per rank, no shuffle); default: narrow() slices of X and Y, as the
 //         Python DDP contender (bench/w_ddp.py) does.
@@ -41,10 +42,10 @@ constexpr int64_t kGlobalBatch = 64;
 constexpr double kLoss0 = 2.298264, kLossLast = 2.311658;
 
 template <class Backend>
-void run(std::string name, bool flat, bool use_loader) {
+void run(std::string name, double cap_mb, bool use_loader) {
   at::set_num_threads(1);
   accel::AcceleratorOptions opts;
-  if (flat) opts.bucket_cap_mb = 1e6;
+  opts.bucket_cap_mb = cap_mb;
   accel::Accelerator<Backend> acc(opts);
   const int rank = acc.process_index();
   const int world = acc.num_processes();
@@ -121,26 +122,39 @@ void run(std::string name, bool flat, bool use_loader) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || (std::strcmp(argv[1], "gloo") != 0 && std::strcmp(argv[1], "mpi") != 0)) {
-    std::fprintf(stderr, "usage: w_ddp gloo|mpi [flat] [loader]\n");
+    std::fprintf(stderr, "usage: w_ddp gloo|mpi [flat | cap=MB] [loader]\n");
     return 2;
   }
   const std::string backend = argv[1];
-  bool flat = false, use_loader = false;
+  bool use_loader = false;
+  double cap_mb = 25.0;
+  std::string tag;
   for (int a = 2; a < argc; ++a) {
-    flat = flat || std::strcmp(argv[a], "flat") == 0;
-    use_loader = use_loader || std::strcmp(argv[a], "loader") == 0;
+    if (std::strcmp(argv[a], "flat") == 0) {
+      cap_mb = 1e6;
+      tag += "_flat";
+    } else if (std::strncmp(argv[a], "cap=", 4) == 0) {
+      cap_mb = std::atof(argv[a] + 4);
+      tag += std::string("_cap") + (argv[a] + 4);
+    } else if (std::strcmp(argv[a], "loader") == 0) {
+      use_loader = true;
+      tag += "_loader";
+    } else {
+      std::fprintf(stderr, "w_ddp: unknown argument %s\n", argv[a]);
+      return 2;
+    }
   }
-  const std::string name = "accel_" + backend + (flat ? "_flat" : "") + (use_loader ? "_loader" : "");
+  const std::string name = "accel_" + backend + tag;
   try {
     if (backend == "gloo") {
       accel::LaunchOptions lo;
       lo.num_processes = 2;
       lo.master_port = 0;  // a free port
       lo.timeout = std::chrono::seconds(300);
-      accel::notebook_launcher(run<accel::backend::Gloo>, std::make_tuple(name, flat, use_loader), lo);
+      accel::notebook_launcher(run<accel::backend::Gloo>, std::make_tuple(name, cap_mb, use_loader), lo);
     } else {
 #if ACCEL_WITH_MPI
-      run<accel::backend::Mpi>(name, flat, use_loader);
+      run<accel::backend::Mpi>(name, cap_mb, use_loader);
 #else
       std::fprintf(stderr, "w_ddp: this build has no MPI\n");
       return 2;
