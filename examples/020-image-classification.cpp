@@ -14,8 +14,9 @@
 //   epoch 0: 77/80 correct, accuracy 0.9625
 //   ...
 //   epoch 3: 79/80 correct, accuracy 0.9875
+//   encoder unchanged since pre-training: yes
 //   final accuracy 0.9875 (chance 0.25, required >= 0.8)
-// Exit status 0 when the final accuracy is at least 0.80.
+// Exit status 0 when the final accuracy is at least 0.80 and the encoder did not change.
 #include <accel/accel.hpp>
 #include <stb/stb_image.h>
 #include <stb/stb_image_write.h>
@@ -337,6 +338,18 @@ void training_function(Config cfg) {
     accuracy = static_cast<double>(correct) / static_cast<double>(seen);
     accelerator.print("epoch ", epoch, ": ", correct, "/", seen, " correct, accuracy ", accuracy);
   }
+  // Transfer learning: the encoder (weights and BatchNorm statistics) is still
+  // exactly the pre-trained one; only the head learned.
+  Classifier pretrained(num_classes);
+  accel::checkpoint::load_module(*pretrained, cfg.pretrained_dir);
+  auto saved = pretrained->encoder->named_parameters();
+  for (const auto& b : pretrained->encoder->named_buffers()) saved.insert(b.key() + "#", b.value());
+  auto now = m->encoder->named_parameters();
+  for (const auto& b : m->encoder->named_buffers()) now.insert(b.key() + "#", b.value());
+  for (const auto& item : now)
+    if (!torch::equal(item.value(), saved[item.key()]))
+      throw std::runtime_error("the frozen encoder changed: " + item.key());
+  accelerator.print("encoder unchanged since pre-training: yes");
   accelerator.print("final accuracy ", accuracy, " (chance ", 1.0 / static_cast<double>(num_classes),
                     ", required >= ", cfg.min_accuracy, ")");
   if (accuracy < cfg.min_accuracy)
