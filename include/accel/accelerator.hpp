@@ -455,7 +455,7 @@ class Accelerator {
   void sync_registry() {
     registry_.state = state_;
     registry_.scaler = scaler_;
-    registry_.optimizer_per_rank = !std::is_same_v<Shard, shard::Replicate>;
+    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
   }
 };
 

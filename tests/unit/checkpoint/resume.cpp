@@ -55,10 +55,10 @@ workload::Data small_data() {
 /// phase kFull: 20 steps, parameters to out_<rank>.pt. kInterrupt: 10 steps,
 /// save_state(ckpt), end (with `crash` set on rank crash_rank, that save is
 /// killed at that point). kResume: load_state(ckpt), steps 11..20, parameters out.
-template <class Precision>
+template <class Precision, class Shard = accel::shard::Replicate>
 void worker(std::string out, std::string ckpt, int phase, bool w_case, std::string crash,
             int crash_rank, double lr_scale) {
-  accel::Accelerator<accel::backend::Gloo, Precision> acc;
+  accel::Accelerator<accel::backend::Gloo, Precision, Shard> acc;
   auto model = w_case ? workload::make_model() : small_mlp();
   auto sgd_opts = w_case ? workload::sgd_options() : torch::optim::SGDOptions(0.05).momentum(0.9);
   sgd_opts.lr(sgd_opts.lr() * lr_scale);
@@ -105,10 +105,10 @@ accel::LaunchOptions two_processes() {
   return lo;
 }
 
-template <class P>
+template <class P, class S = accel::shard::Replicate>
 void launch(const fs::path& out, const fs::path& ckpt, Phase phase, bool w_case,
             std::string crash = "", int crash_rank = 0, double lr_scale = 1.0) {
-  accel::notebook_launcher(worker<P>, std::make_tuple(out.string(), ckpt.string(), static_cast<int>(phase),
+  accel::notebook_launcher(worker<P, S>, std::make_tuple(out.string(), ckpt.string(), static_cast<int>(phase),
                                                       w_case, crash, crash_rank, lr_scale),
                            two_processes());
 }
@@ -193,4 +193,18 @@ TEST_CASE("shuffled resume across epochs with a mid-epoch checkpoint; SIGKILL du
       check_identical(dir / "full", out);
     }
   }
+}
+
+TEST_CASE("ZeRO-1 (ShardOptimizer): per-process optimizer files, shuffled resume is bit-identical",
+          "[checkpoint][resume][gloo][zero]") {
+  using P = accel::precision::Fp32;
+  using S = accel::shard::ShardOptimizer;
+  const auto dir = scratch("zero1");
+  launch<P, S>(dir / "full", dir / "unused", kFull, false);
+  launch<P, S>(dir / "unused", dir / "ckpt", kInterrupt, false);
+  CHECK(fs::exists(dir / "ckpt" / "optimizer_rank0.pt"));
+  CHECK(fs::exists(dir / "ckpt" / "optimizer_rank1.pt"));
+  CHECK(!fs::exists(dir / "ckpt" / "optimizer.pt"));
+  launch<P, S>(dir / "resumed", dir / "ckpt", kResume, false);
+  check_identical(dir / "full", dir / "resumed");
 }
