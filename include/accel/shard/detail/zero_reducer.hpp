@@ -70,6 +70,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
 
   void finalize() override {
+    reattach_parameters();
     if (!round_started_) return;
     if (!shard_gradients_)
       for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
@@ -99,6 +100,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
 
   void after_step(bool stepped) override {
     if (!stepped || world_ == 1) return;
+    reattach_parameters();
     torch::NoGradGuard no_grad;
     // All buckets in flight at once, then wait: the parameters are complete
     // on every rank before the next forward.
@@ -255,6 +257,27 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     }
     buckets_ = std::move(buckets);
     ready_.assign(params_.size(), false);
+  }
+
+  // Module::load (load_state) and user code may give a parameter new storage
+  // (Tensor::set_): its values move back into the bucket, and the parameter
+  // points there again, before the optimizer steps the bucket's chunk.
+  void reattach_parameters() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto& p = params_[k];
+      const auto& b = buckets_[slots_[k].bucket];
+      auto* expected = static_cast<char*>(b.flat.data_ptr()) +
+                       slots_[k].offset * static_cast<int64_t>(b.flat.element_size());
+      if (p.data_ptr() == expected && p.is_contiguous()) continue;
+      ACCEL_CHECK(p.numel() == static_cast<int64_t>(b.flat.numel() > 0 ? p.numel() : 0) &&
+                      p.scalar_type() == b.flat.scalar_type(),
+                  "accel: parameter ", k, " of a sharded model changed its dtype. Convert the "
+                  "model before prepare().");
+      auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+      slice.copy_(p.detach());
+      p.set_data(slice);
+    }
   }
 
   bool aliases_bucket(std::size_t k) const {
