@@ -75,20 +75,21 @@ inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const Process
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-/// A c10d work plus what must happen after it (copy out of a temporary).
-class GlooWork final : public Work {
+/// A c10d work (Gloo or NCCL) plus what must happen after it (copy out of a
+/// temporary); wait() honours the timeout and names the backend and op.
+class C10dWork final : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
-           std::chrono::milliseconds timeout, std::function<void()> then = {})
-      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
-        then_(std::move(then)) {}
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string backend, std::string op, int rank,
+           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
+      : work_(std::move(work)), backend_(std::move(backend)), op_(std::move(op)), rank_(rank),
+        size_(size), timeout_(timeout), then_(std::move(then)) {}
 
   void wait() override {
     if (done_) return;
     try {
       work_->wait(timeout_);
     } catch (const std::exception& e) {
-      rethrow_collective_error(e, "gloo", op_, rank_, size_, timeout_);
+      rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
     }
     if (then_) then_();
     done_ = true;
@@ -98,7 +99,7 @@ class GlooWork final : public Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  std::string op_;
+  std::string backend_, op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::function<void()> then_;
@@ -213,7 +214,7 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       detail::rethrow_collective_error(e, "gloo", op, rank_, size_, timeout_);
     }
-    return std::make_shared<detail::GlooWork>(std::move(w), op, rank_, size_, timeout_,
+    return std::make_shared<detail::C10dWork>(std::move(w), "gloo", op, rank_, size_, timeout_,
                                               std::move(then));
   }
 

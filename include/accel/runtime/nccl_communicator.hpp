@@ -26,34 +26,6 @@
 
 namespace accel::runtime {
 
-namespace detail {
-/// A c10d NCCL work: wait() blocks the host until the collective finished on
-/// the device, within the timeout, and names the op when it fails.
-class NcclWork final : public Work {
- public:
-  NcclWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
-           std::chrono::milliseconds timeout)
-      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout) {}
-  void wait() override {
-    if (done_) return;
-    try {
-      work_->wait(timeout_);
-    } catch (const std::exception& e) {
-      rethrow_collective_error(e, "nccl", op_, rank_, size_, timeout_);
-    }
-    done_ = true;
-  }
-  bool is_completed() override { return done_ || work_->isCompleted(); }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string op_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  bool done_ = false;
-};
-}  // namespace detail
-
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env,
@@ -133,7 +105,7 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       detail::rethrow_collective_error(e, "nccl", op, rank_, size_, timeout_);
     }
-    return std::make_shared<detail::NcclWork>(std::move(w), op, rank_, size_, timeout_);
+    return std::make_shared<detail::C10dWork>(std::move(w), "nccl", op, rank_, size_, timeout_);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
