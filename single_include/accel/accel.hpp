@@ -545,20 +545,21 @@ inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const Process
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-/// A c10d work plus what must happen after it (copy out of a temporary).
-class GlooWork final : public Work {
+/// A c10d work (Gloo or NCCL) plus what must happen after it (copy out of a
+/// temporary); wait() honours the timeout and names the backend and op.
+class C10dWork final : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
-           std::chrono::milliseconds timeout, std::function<void()> then = {})
-      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
-        then_(std::move(then)) {}
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string backend, std::string op, int rank,
+           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
+      : work_(std::move(work)), backend_(std::move(backend)), op_(std::move(op)), rank_(rank),
+        size_(size), timeout_(timeout), then_(std::move(then)) {}
 
   void wait() override {
     if (done_) return;
     try {
       work_->wait(timeout_);
     } catch (const std::exception& e) {
-      rethrow_collective_error(e, "gloo", op_, rank_, size_, timeout_);
+      rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
     }
     if (then_) then_();
     done_ = true;
@@ -568,7 +569,7 @@ class GlooWork final : public Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  std::string op_;
+  std::string backend_, op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::function<void()> then_;
@@ -683,7 +684,7 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       detail::rethrow_collective_error(e, "gloo", op, rank_, size_, timeout_);
     }
-    return std::make_shared<detail::GlooWork>(std::move(w), op, rank_, size_, timeout_,
+    return std::make_shared<detail::C10dWork>(std::move(w), "gloo", op, rank_, size_, timeout_,
                                               std::move(then));
   }
 
@@ -1632,34 +1633,6 @@ struct Mpi {
 
 namespace accel::runtime {
 
-namespace detail {
-/// A c10d NCCL work: wait() blocks the host until the collective finished on
-/// the device, within the timeout, and names the op when it fails.
-class NcclWork final : public Work {
- public:
-  NcclWork(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, int size,
-           std::chrono::milliseconds timeout)
-      : work_(std::move(work)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout) {}
-  void wait() override {
-    if (done_) return;
-    try {
-      work_->wait(timeout_);
-    } catch (const std::exception& e) {
-      rethrow_collective_error(e, "nccl", op_, rank_, size_, timeout_);
-    }
-    done_ = true;
-  }
-  bool is_completed() override { return done_ || work_->isCompleted(); }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string op_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  bool done_ = false;
-};
-}  // namespace detail
-
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env,
@@ -1739,7 +1712,7 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       detail::rethrow_collective_error(e, "nccl", op, rank_, size_, timeout_);
     }
-    return std::make_shared<detail::NcclWork>(std::move(w), op, rank_, size_, timeout_);
+    return std::make_shared<detail::C10dWork>(std::move(w), "nccl", op, rank_, size_, timeout_);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
