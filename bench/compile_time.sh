@@ -32,7 +32,7 @@ cmd_b=$(compile_cmd compile_time_torch torch_plain.cpp "$out/b.o")
 echo "compiler: $(${cmd_a%% *} --version | head -n 1)"
 echo "(a) $cmd_a"
 echo "(b) $cmd_b"
-echo "nproc $(nproc), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "nproc $(getconf _NPROCESSORS_ONLN), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 measure() {  # cmd file -> appends "wall cpu"
   if ! (cd "$build" && /usr/bin/time -f "%e %U %S" -o "$out/t" bash -c "$1" >"$out/log" 2>&1); then

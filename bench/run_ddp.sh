@@ -27,7 +27,7 @@ bin=$build/bench/w_ddp
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(getconf _NPROCESSORS_ONLN), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 run() {  # label command...
   local out
