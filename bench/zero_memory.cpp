@@ -1,0 +1,115 @@
+// Per-rank memory and step time of shard::Replicate, ShardOptimizer (ZeRO-1)
+// and ShardGradients (ZeRO-2) on 2 Gloo processes (forked by
+// accel::notebook_launcher), for an MLP of `layers` Linear(hidden, hidden)
+// with Adam. Prints a markdown table (bench/README.md).
+//
+//   zero_memory [hidden=4096] [layers=6] [steps=5] [batch=16]
+//
+// hidden 4096 x 6 layers is ~100.7M parameters (403 MB in float32).
+// "peak RSS" is the rank's high-water resident memory minus what it had on
+// entry (the forked image of the launcher); "state" counts the bytes of the
+// tensors in Adam's per-parameter state, "grads" the gradient storage held
+// between backward and step.
+#include <accel/accelerator.hpp>
+#include <accel/launch/notebook_launcher.hpp>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+namespace {
+
+double rss_mb() {  // current resident set, from /proc
+  std::ifstream f("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  f >> pages_total >> pages_resident;
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1e6;
+}
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1e3;  // KiB on Linux
+}
+
+template <class Shard>
+void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batch) {
+  const double entry_rss = rss_mb();
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc;
+  torch::manual_seed(1);
+  torch::nn::Sequential model;
+  for (int l = 0; l < layers; ++l) {
+    model->push_back(torch::nn::Linear(hidden, hidden));
+    if (l + 1 < layers) model->push_back(torch::nn::ReLU());
+  }
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-4));
+  auto [m, opt] = acc.prepare(model, adam);
+  torch::manual_seed(2 + acc.process_index());
+  auto x = torch::randn({batch, hidden});
+  auto y = torch::randn({batch, hidden});
+  double seconds = 0;
+  int64_t grad_bytes = 0;
+  for (int s = 0; s <= steps; ++s) {  // step 0 warms up (allocates the state)
+    acc.wait_for_everyone();
+    auto t0 = std::chrono::steady_clock::now();
+    auto loss = torch::mse_loss(m(x), y);
+    acc.backward(loss);
+    m.gradient_sync().finalize();
+    if (s == steps) {
+      if (auto* z = dynamic_cast<accel::shard::detail::ZeroReducer*>(&m.gradient_sync()))
+        grad_bytes = z->gradient_bytes();
+      else
+        for (auto& p : model->parameters()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+    }
+    opt.step();
+    opt.zero_grad();
+    auto t1 = std::chrono::steady_clock::now();
+    if (s > 0) seconds += std::chrono::duration<double>(t1 - t0).count();
+  }
+  int64_t state_bytes = 0;
+  for (auto& [key, st] : opt->state()) {
+    auto& a = static_cast<torch::optim::AdamParamState&>(*st);
+    state_bytes += static_cast<int64_t>(a.exp_avg().nbytes() + a.exp_avg_sq().nbytes());
+  }
+  int64_t params = 0;
+  for (auto& p : model->parameters()) params += p.numel();
+  std::ofstream f(out + "_" + std::to_string(acc.process_index()) + ".txt");
+  f << params << ' ' << peak_rss_mb() - entry_rss << ' ' << seconds / steps << ' '
+    << state_bytes / 1e6 << ' ' << grad_bytes / 1e6 << '\n';
+}
+
+template <class Shard>
+void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch) {
+  const std::string out = "/tmp/zero_memory_" + std::string(name) + "_" + std::to_string(::getpid());
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(1800);
+  accel::notebook_launcher(worker<Shard>, std::make_tuple(out, hidden, layers, steps, batch), lo);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(out + "_" + std::to_string(r) + ".txt");
+    double params = 0, peak = 0, step = 0, state = 0, grads = 0;
+    f >> params >> peak >> step >> state >> grads;
+    std::printf("| %s | %d | %.1fM | %.0f | %.0f | %.0f | %.3f |\n", name, r, params / 1e6, peak,
+                state, grads, step);
+    std::remove((out + "_" + std::to_string(r) + ".txt").c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t hidden = argc > 1 ? std::stoll(argv[1]) : 4096;
+  const int layers = argc > 2 ? std::stoi(argv[2]) : 6;
+  const int steps = argc > 3 ? std::stoi(argv[3]) : 5;
+  const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 16;
+  at::set_num_threads(1);
+  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | step (s) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  run<accel::shard::Replicate>("Replicate", hidden, layers, steps, batch);
+  run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch);
+  run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch);
+}
