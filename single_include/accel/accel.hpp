@@ -8578,15 +8578,17 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     if (!stepped || world_ == 1) return;
     reattach_parameters();
     torch::NoGradGuard no_grad;
-    // All buckets in flight at once, then wait: the parameters are complete
-    // on every rank before the next forward.
-    std::vector<std::shared_ptr<runtime::Work>> works;
-    std::vector<torch::Tensor> inputs;
-    for (auto& b : buckets_) {
-      inputs.push_back(b.shard.detach().clone());  // input must not alias the output
-      works.push_back(comm_->all_gather(b.flat, inputs.back()));
+    // At most two buckets in flight (Gloo gathers into a temporary as large
+    // as the bucket); every rank has the full parameters before the next forward.
+    std::vector<std::shared_ptr<runtime::Work>> works(buckets_.size());
+    std::vector<torch::Tensor> inputs(buckets_.size());
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      if (i >= 2) works[i - 2]->wait();
+      inputs[i] = buckets_[i].shard.detach().clone();  // input must not alias the output
+      works[i] = comm_->all_gather(buckets_[i].flat, inputs[i]);
     }
-    for (auto& w : works) w->wait();
+    for (std::size_t i = buckets_.size() >= 2 ? buckets_.size() - 2 : 0; i < buckets_.size(); ++i)
+      works[i]->wait();
   }
 
   /// Rebinds `opt` to this rank's chunks: each parameter group's parameters
