@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::backend::Mpi: MPI's non-blocking collectives.
+/// @file Defines accel::backend::Mpi: MPI's shared-memory collectives, run on a progress thread.
 #ifndef ACCEL_BACKEND_MPI_HPP
 #define ACCEL_BACKEND_MPI_HPP
 
+#include <cstdlib>
 #include <memory>
 #include <string_view>
 
@@ -30,6 +31,13 @@ struct Mpi {
     runtime::MpiOptions m;
     m.timeout = opts.timeout;
     m.file_store = opts.file_store;
+    // ACCEL_MPI_PROGRESS=thread|test (default thread): see runtime::MpiProgress.
+    if (const char* v = std::getenv("ACCEL_MPI_PROGRESS"); v && *v) {
+      const std::string_view s(v);
+      ACCEL_CHECK(s == "thread" || s == "test", "accel: ACCEL_MPI_PROGRESS='", s,
+                  "' is not a progress mode. Use thread or test, or unset it.");
+      m.progress = s == "thread" ? runtime::MpiProgress::Thread : runtime::MpiProgress::Test;
+    }
     return runtime::make_mpi_communicator(env, m);
 #else
     throw Error("accel: backend::Mpi is not available in this build. Use backend::Gloo.");

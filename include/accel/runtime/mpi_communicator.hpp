@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -34,14 +35,13 @@ namespace accel::runtime {
 enum class MpiProgress {
   /// MPI's non-blocking collectives (MPI_Iallreduce...), progressed by the
   /// MPI_Test polling in wait(). No extra thread; but OpenMPI's libnbc moves
-  /// data only while someone polls (little overlap with computation) and
-  /// reaches ~0.7x of blocking MPI_Allreduce (bench/allreduce_bandwidth).
+  /// data only while someone polls, and copies each buffer into a fresh
+  /// temporary: W on 2 processes ran at ~350 ms/step this way vs ~70 with
+  /// Thread (bench/README.md). The fallback when MPI lacks THREAD_MULTIPLE.
   Test,
-  /// One thread per communicator runs MPI's blocking (tuned) collectives in
-  /// launch order, so they progress while the caller computes. Alone it is as
-  /// fast as MPI_Allreduce, but interleaved with MPI calls made by other
-  /// threads of the rank it measured far slower for small buffers on a busy
-  /// 2-core machine: opt in and measure. Needs MPI_THREAD_MULTIPLE (else Test).
+  /// One thread per communicator runs MPI's blocking (tuned, shared-memory)
+  /// collectives in launch order, so they progress while the caller
+  /// computes. Needs MPI_THREAD_MULTIPLE (else Test). The default.
   Thread,
 };
 
@@ -52,7 +52,13 @@ struct MpiOptions {
   /// Processes not started by mpirun meet through this FileStore (else the
   /// TCPStore on MASTER_ADDR:MASTER_PORT) to join as OpenMPI singletons.
   std::optional<std::string> file_store;
-  MpiProgress progress = MpiProgress::Test;
+  MpiProgress progress = MpiProgress::Thread;
+  /// all_reduce moves at most this many bytes per MPI call. OpenMPI's
+  /// shared-memory all-reduce switches to an algorithm ~10x slower above
+  /// ~25-32 MiB, and its non-blocking form copies the whole buffer into a
+  /// fresh temporary each call; 4 MiB pieces run at full speed
+  /// (bench/allreduce_bandwidth). 0: one call, whatever the size.
+  int64_t max_chunk_bytes = int64_t{4} << 20;
 };
 
 /// Communicator over an MPI communicator (its own duplicate, so accel's
@@ -61,8 +67,8 @@ class MpiCommunicator final : public Communicator {
  public:
   /// Takes ownership of `comm` (freed in the destructor unless MPI is finalised).
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout,
-                  MpiProgress progress = MpiProgress::Test)
-      : comm_(comm), timeout_(timeout) {
+                  MpiProgress progress = MpiProgress::Thread, int64_t max_chunk_bytes = 0)
+      : comm_(comm), timeout_(timeout), max_chunk_bytes_(max_chunk_bytes) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -88,17 +94,30 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
     check(tensor, "all_reduce");
     auto buf = detail::needs_widening(tensor) ? tensor.to(torch::kFloat) : tensor;
-    const int count = detail::mpi_count(buf.numel(), "all_reduce");
     const auto type = detail::mpi_type(buf.scalar_type(), true);
     const auto mop = detail::mpi_op(op);
     std::function<void()> then;
     if (!buf.is_same(tensor)) then = [buf, out = tensor]() mutable { out.copy_(buf); };
-    void* p = buf.data_ptr();
+    // Elementwise, so pieces reduce independently: [offset, offset + count) each.
+    const int64_t n = buf.numel(), item = static_cast<int64_t>(buf.element_size());
+    const int64_t piece = max_chunk_bytes_ > 0 ? std::max<int64_t>(1, max_chunk_bytes_ / item) : n;
+    const int pieces = static_cast<int>(std::max<int64_t>(1, (n + piece - 1) / piece));
+    detail::mpi_count(std::min(n, piece), "all_reduce");
+    auto* p = static_cast<char*>(buf.data_ptr());
     MPI_Comm c = comm_;
+    auto at = [=](int k) { return p + k * piece * item; };
+    auto count = [=](int k) { return static_cast<int>(std::min(piece, n - k * piece)); };
     return start(
-        "all_reduce", {buf}, std::move(then),
-        [=](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, count, type, mop, c, r); },
-        [=] { return MPI_Allreduce(MPI_IN_PLACE, p, count, type, mop, c); });
+        "all_reduce", {buf}, std::move(then), pieces,
+        [=](int k, MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, at(k), count(k), type, mop, c, r);
+        },
+        [=] {
+          for (int k = 0; k < pieces; ++k)
+            if (int rc = MPI_Allreduce(MPI_IN_PLACE, at(k), count(k), type, mop, c); rc != MPI_SUCCESS)
+              return rc;
+          return MPI_SUCCESS;
+        });
   }
 
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
@@ -115,8 +134,8 @@ class MpiCommunicator final : public Communicator {
     void* out = output.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "all_gather", {output, input}, {},
-        [=](MPI_Request* r) { return MPI_Iallgather(in, count, type, out, count, type, c, r); },
+        "all_gather", {output, input}, {}, 1,
+        [=](int, MPI_Request* r) { return MPI_Iallgather(in, count, type, out, count, type, c, r); },
         [=] { return MPI_Allgather(in, count, type, out, count, type, c); });
   }
 
@@ -141,8 +160,8 @@ class MpiCommunicator final : public Communicator {
     void* po = out.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "reduce_scatter", {in, out}, std::move(then),
-        [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, count, type, mop, c, r); },
+        "reduce_scatter", {in, out}, std::move(then), 1,
+        [=](int, MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, count, type, mop, c, r); },
         [=] { return MPI_Reduce_scatter_block(pi, po, count, type, mop, c); });
   }
 
@@ -155,15 +174,15 @@ class MpiCommunicator final : public Communicator {
     void* p = tensor.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "broadcast", {tensor}, {},
-        [=](MPI_Request* r) { return MPI_Ibcast(p, count, type, src, c, r); },
+        "broadcast", {tensor}, {}, 1,
+        [=](int, MPI_Request* r) { return MPI_Ibcast(p, count, type, src, c, r); },
         [=] { return MPI_Bcast(p, count, type, src, c); });
   }
 
   void barrier() override {
     MPI_Comm c = comm_;
     start(
-        "barrier", {}, {}, [=](MPI_Request* r) { return MPI_Ibarrier(c, r); },
+        "barrier", {}, {}, 1, [=](int, MPI_Request* r) { return MPI_Ibarrier(c, r); },
         [=] { return MPI_Barrier(c); })
         ->wait();
   }
@@ -175,28 +194,30 @@ class MpiCommunicator final : public Communicator {
   }
 
   /// Hands the collective to the progress thread (blocking form) or posts
-  /// its non-blocking form; `keep` stays alive until it is done.
+  /// its non-blocking form, `pieces` requests; `keep` stays alive until it is done.
   template <class Post, class Run>
   std::shared_ptr<Work> start(const char* op, std::vector<torch::Tensor> keep,
-                              std::function<void()> then, Post post, Run run) {
+                              std::function<void()> then, int pieces, Post post, Run run) {
     if (thread_) {
       auto state = thread_->submit([run, keep = std::move(keep)] { return run(); });
       return std::make_shared<detail::MpiThreadWork>(std::move(state), op, rank_, size_, timeout_,
                                                      std::move(then));
     }
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc;
+    std::vector<MPI_Request> reqs(static_cast<std::size_t>(pieces), MPI_REQUEST_NULL);
+    int rc = MPI_SUCCESS;
     {
       auto lock = detail::MpiRuntime::instance().lock();
-      rc = post(&req);
+      for (int k = 0; k < pieces && rc == MPI_SUCCESS; ++k) rc = post(k, &reqs[k]);
     }
     if (rc != MPI_SUCCESS) throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
-    return std::make_shared<detail::MpiTestWork>(req, op, rank_, size_, timeout_, std::move(keep),
-                                                 std::move(then));
+    return std::make_shared<detail::MpiTestWork>(std::move(reqs), op, rank_, size_, timeout_,
+                                                 std::move(keep), std::move(then));
   }
+
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
+  int64_t max_chunk_bytes_ = 0;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<detail::MpiProgressThread> thread_;
 };
@@ -227,7 +248,8 @@ inline std::shared_ptr<MpiCommunicator> make_mpi_communicator(const ProcessEnv& 
     comm = detail::join_singletons(env, *store, options.timeout);
     // Everyone has read the keys once all ranks are joined; the store may go.
   }
-  return std::make_shared<MpiCommunicator>(comm, options.timeout, options.progress);
+  return std::make_shared<MpiCommunicator>(comm, options.timeout, options.progress,
+                                           options.max_chunk_bytes);
 }
 
 }  // namespace accel::runtime

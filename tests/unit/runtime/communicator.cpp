@@ -376,6 +376,23 @@ TEST_CASE("mpi collectives under mpirun", "[.mpi]") {
     REQUIRE(comm->progress() == mode);  // Debian's OpenMPI has MPI_THREAD_MULTIPLE
     check_collectives(*comm);
     check_half_types(*comm);
+    {
+      // all_reduce in pieces of 40 bytes: 1001 floats are 101 MPI calls, the
+      // last one short; doubles and widened bfloat16 split by their own size.
+      auto chunked = make_mpi_communicator(env, MpiOptions{60s, std::nullopt, mode, 40});
+      const int r = comm->rank(), n = comm->size();
+      for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+        auto o = torch::TensorOptions().dtype(dtype);
+        auto t = torch::arange(1001, o.dtype(torch::kFloat)).remainder(7).to(dtype) * (r + 1);
+        chunked->all_reduce(t)->wait();
+        expect_equal(t, torch::arange(1001, o.dtype(torch::kFloat)).remainder(7).to(dtype) *
+                            (n * (n + 1) / 2), "chunked all_reduce");
+        auto m = torch::arange(1001, o.dtype(torch::kFloat)).to(dtype) + r;
+        chunked->all_reduce(m, ReduceOp::Max)->wait();
+        expect_equal(m, torch::arange(1001, o.dtype(torch::kFloat)).to(dtype) + (n - 1),
+                     "chunked all_reduce max");
+      }
+    }
     // A collective nobody else joins yet times out with accel::TimeoutError on
     // rank 0; once the others join, waiting again completes it.
     auto lonely = make_mpi_communicator(env, MpiOptions{500ms, std::nullopt, mode});

@@ -84,14 +84,16 @@ inline std::string mpi_failure_message(const std::string& op, int rank, int size
          "at the other ranks' errors.";
 }
 
-/// An MPI request polled with MPI_Test until done or past the deadline.
-/// OpenMPI progresses non-blocking collectives inside MPI_Test, so the loop
-/// spins (like MPI_Wait does) and only backs off after a second.
+/// MPI requests (one per chunk of a collective) polled with MPI_Testall
+/// until done or past the deadline. OpenMPI progresses non-blocking
+/// collectives inside MPI_Test, so the loop spins (like MPI_Wait does) and
+/// only backs off after a second.
 class MpiTestWork final : public Work {
  public:
-  MpiTestWork(MPI_Request req, std::string op, int rank, int size, std::chrono::milliseconds timeout,
-              std::vector<torch::Tensor> keep, std::function<void()> then)
-      : req_(req), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
+  MpiTestWork(std::vector<MPI_Request> reqs, std::string op, int rank, int size,
+              std::chrono::milliseconds timeout, std::vector<torch::Tensor> keep,
+              std::function<void()> then)
+      : reqs_(std::move(reqs)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
         keep_(std::move(keep)), then_(std::move(then)) {}
 
   void wait() override {
@@ -112,7 +114,7 @@ class MpiTestWork final : public Work {
     int flag = 0, rc;
     {
       auto lock = MpiRuntime::instance().lock();
-      rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE);
     }
     if (rc != MPI_SUCCESS) throw Error(mpi_failure_message(op_, rank_, size_, rc));
     if (!flag) return false;
@@ -122,7 +124,7 @@ class MpiTestWork final : public Work {
     return true;
   }
 
-  MPI_Request req_;
+  std::vector<MPI_Request> reqs_;
   std::string op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
