@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Workload W on 2 processes: PyTorch's Python DDP (gloo) vs accel Gloo and
-# accel Mpi, with 25 MiB buckets overlapped with backward and with one flat
-# all-reduce after backward (bucket_cap_mb = 1e6). The contenders run one
+# accel Mpi: with accel's defaults (25 MiB buckets; overlap with backward only
+# when each process has a spare core), with overlap forced on, and with one
+# flat all-reduce after backward (bucket_cap_mb = 1e6). The contenders run one
 # after the other, ROUNDS times, so all of them see the same machine load.
 #
 #   bench/run_ddp.sh [BUILD_DIR=build-bench] [ROUNDS=3]
@@ -43,6 +44,8 @@ for ((r = 1; r <= rounds; r++)); do
   run "$python" "$root/bench/w_ddp.py" --port $((29611 + r))
   run "$bin" gloo
   run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi
+  run "$bin" gloo overlap
+  run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi overlap
   run "$bin" gloo flat
   run mpirun --allow-run-as-root -np 2 $mpirun_args -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS "$bin" mpi flat
   for extra in ${EXTRA:-}; do
@@ -68,8 +71,10 @@ awk -v rounds="$rounds" '
   }
   END {
     label["python_ddp_gloo"] = "Python DDP, gloo (torch 1.13)"
-    label["accel_gloo"] = "accel Gloo, 25 MiB buckets, overlapped"
-    label["accel_mpi"] = "accel Mpi, 25 MiB buckets, overlapped"
+    label["accel_gloo"] = "accel Gloo, defaults (25 MiB buckets, overlap decided by accel)"
+    label["accel_mpi"] = "accel Mpi, defaults (25 MiB buckets, overlap decided by accel)"
+    label["accel_gloo_overlap"] = "accel Gloo, 25 MiB buckets, overlap forced on"
+    label["accel_mpi_overlap"] = "accel Mpi, 25 MiB buckets, overlap forced on"
     label["accel_gloo_flat"] = "accel Gloo, one flat all-reduce after backward"
     label["accel_mpi_flat"] = "accel Mpi, one flat all-reduce after backward"
     for (i = 1; i <= k; i++) {
@@ -85,7 +90,7 @@ awk -v rounds="$rounds" '
       name = order[i]
       l = name
       if (name in label) l = label[name]
-      else if (sub(/^accel_gloo_cap/, "accel Gloo, ", l) || sub(/^accel_mpi_cap/, "accel Mpi, ", l)) l = l " MiB buckets, overlapped"
+      else if (sub(/^accel_gloo_cap/, "accel Gloo, ", l) || sub(/^accel_mpi_cap/, "accel Mpi, ", l)) l = l " MiB buckets"
       printf "| %s | %.1f | %.1f | %.2fx | %.2fx | %s | %s | %s |\n", l,
         mn[name], md[name], mn[name] / mn["python_ddp_gloo"], md[name] / md["python_ddp_gloo"],
         buckets[name], launched[name], gate[name]

@@ -1,12 +1,17 @@
 // Workload W (shared/WORKLOAD.md) on 2 processes through accel's
 // data-parallel Accelerator (shard::Replicate), Gloo or MPI backend.
 //
-//   build-bench/bench/w_ddp gloo [flat | cap=MB] [loader]       (forks 2 workers with accel::notebook_launcher)
-//   mpirun --allow-run-as-root -np 2 build-bench/bench/w_ddp mpi [flat | cap=MB] [loader]
+//   build-bench/bench/w_ddp gloo [flat | cap=MB] [overlap | defer] [loader]   (forks 2 workers with accel::notebook_launcher)
+//   mpirun --allow-run-as-root -np 2 build-bench/bench/w_ddp mpi [flat | cap=MB] [overlap | defer] [loader]
 //
+// default: 25 MiB buckets; AcceleratorOptions::overlap_gradient_sync unset,
+//         so accel decides (overlap when each process has a spare core: not on
+//         this 2-core machine with 2 processes, where buckets are all-reduced
+//         right after backward).
+// overlap / defer: overlap_gradient_sync = true / false (each bucket's
+//         all-reduce starts from autograd hooks during backward / after it).
 // flat:   AcceleratorOptions::bucket_cap_mb = 1e6, i.e. ONE bucket holding all
-//         40 MB of gradients, all-reduced after backward ends (no overlap);
-//         default: 25 MiB buckets started from autograd hooks during backward.
+//         40 MB of gradients, all-reduced after backward ends (no overlap).
 // cap=X:  bucket_cap_mb = X (a sweep of the bucket size; default 25).
 // loader: batches from accel's sharded data loader over TensorDataset (batch
 //         32 per rank, no shuffle); default: narrow() slices of X and Y, as the
@@ -42,10 +47,11 @@ constexpr int64_t kGlobalBatch = 64;
 constexpr double kLoss0 = 2.298264, kLossLast = 2.311658;
 
 template <class Backend>
-void run(std::string name, double cap_mb, bool use_loader) {
+void run(std::string name, double cap_mb, bool use_loader, int overlap) {
   at::set_num_threads(1);
   accel::AcceleratorOptions opts;
   opts.bucket_cap_mb = cap_mb;
+  if (overlap >= 0) opts.overlap_gradient_sync = overlap == 1;
   accel::Accelerator<Backend> acc(opts);
   const int rank = acc.process_index();
   const int world = acc.num_processes();
@@ -122,12 +128,13 @@ void run(std::string name, double cap_mb, bool use_loader) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || (std::strcmp(argv[1], "gloo") != 0 && std::strcmp(argv[1], "mpi") != 0)) {
-    std::fprintf(stderr, "usage: w_ddp gloo|mpi [flat | cap=MB] [loader]\n");
+    std::fprintf(stderr, "usage: w_ddp gloo|mpi [flat | cap=MB] [overlap | defer] [loader]\n");
     return 2;
   }
   const std::string backend = argv[1];
   bool use_loader = false;
   double cap_mb = 25.0;
+  int overlap = -1;  // unset: accel decides
   std::string tag;
   for (int a = 2; a < argc; ++a) {
     if (std::strcmp(argv[a], "flat") == 0) {
@@ -136,6 +143,9 @@ int main(int argc, char** argv) {
     } else if (std::strncmp(argv[a], "cap=", 4) == 0) {
       cap_mb = std::atof(argv[a] + 4);
       tag += std::string("_cap") + (argv[a] + 4);
+    } else if (std::strcmp(argv[a], "overlap") == 0 || std::strcmp(argv[a], "defer") == 0) {
+      overlap = argv[a][0] == 'o' ? 1 : 0;
+      tag += std::string("_") + argv[a];
     } else if (std::strcmp(argv[a], "loader") == 0) {
       use_loader = true;
       tag += "_loader";
@@ -151,10 +161,10 @@ int main(int argc, char** argv) {
       lo.num_processes = 2;
       lo.master_port = 0;  // a free port
       lo.timeout = std::chrono::seconds(300);
-      accel::notebook_launcher(run<accel::backend::Gloo>, std::make_tuple(name, cap_mb, use_loader), lo);
+      accel::notebook_launcher(run<accel::backend::Gloo>, std::make_tuple(name, cap_mb, use_loader, overlap), lo);
     } else {
 #if ACCEL_WITH_MPI
-      run<accel::backend::Mpi>(name, cap_mb, use_loader);
+      run<accel::backend::Mpi>(name, cap_mb, use_loader, overlap);
 #else
       std::fprintf(stderr, "w_ddp: this build has no MPI\n");
       return 2;

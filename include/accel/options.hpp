@@ -28,6 +28,12 @@ struct AcceleratorOptions {
   std::chrono::seconds timeout{1800};      ///< collective / rendezvous timeout
   // --- accel additions (after the API.md fields, so designated initializers keep working) ---
   double bucket_cap_mb = 25.0;             ///< gradient all-reduce bucket size (Replicate, ZeRO)
+  /// shard::Replicate: start each bucket's all-reduce from backward as soon as
+  /// it is full (true) or all of them after backward (false). Unset: overlap
+  /// on CUDA, and on CPU when each process of this machine has a core to
+  /// spare (cores / local processes > 1); on fewer cores the all-reduce only
+  /// takes CPU time from backward (bench/README.md).
+  std::optional<bool> overlap_gradient_sync{};
   GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N

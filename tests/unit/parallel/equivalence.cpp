@@ -26,10 +26,14 @@ std::filesystem::path scratch(const std::string& name) {
 }
 
 /// W through accel: `micro_steps` loader batches of `per_rank_batch` rows per
-/// rank; rank r writes its final parameters to out_r.pt.
+/// rank; rank r writes its final parameters to out_r.pt. overlap: -1 lets
+/// accel decide, 0/1 sets overlap_gradient_sync (and checks it happened).
 template <class Backend>
-void train_w(std::string out, int micro_steps, int64_t per_rank_batch, int accumulation) {
-  accel::Accelerator<Backend> acc(accel::AcceleratorOptions{.gradient_accumulation_steps = accumulation});
+void train_w(std::string out, int micro_steps, int64_t per_rank_batch, int accumulation,
+             int overlap = -1) {
+  accel::AcceleratorOptions opts{.gradient_accumulation_steps = accumulation};
+  if (overlap >= 0) opts.overlap_gradient_sync = overlap == 1;
+  accel::Accelerator<Backend> acc(opts);
   auto model = workload::make_model();
   torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
   auto loader = accel::data::make_data_loader(
@@ -44,6 +48,15 @@ void train_w(std::string out, int micro_steps, int64_t per_rank_batch, int accum
     acc.backward(loss);
     opt.step();
     opt.zero_grad();
+  }
+  if (overlap >= 0) {
+    // W has 2 buckets of 25 MiB: both start from backward hooks when overlapping.
+    auto& reducer = dynamic_cast<accel::shard::detail::BucketReducer&>(m.gradient_sync());
+    if (reducer.overlaps() != (overlap == 1) ||
+        (reducer.launched_during_backward() > 0) != (overlap == 1))
+      throw std::runtime_error("overlap " + std::to_string(overlap) + ": " +
+                               std::to_string(reducer.launched_during_backward()) +
+                               " all-reduces started during backward");
   }
   std::vector<torch::Tensor> params;
   for (auto& p : model->parameters()) params.push_back(p.detach().clone());
@@ -75,8 +88,14 @@ TEST_CASE("W on 2 Gloo processes equals one process at batch 64", "[parallel][gl
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(300);
   // 20 steps of global batch 64: each rank takes 32 rows (whole batches in turn).
-  accel::notebook_launcher(train_w<accel::backend::Gloo>, std::make_tuple(out, 20, int64_t{32}, 1), lo);
-  check_equivalent(out, 2, 20);
+  // Buckets all-reduced from backward hooks, and all after backward.
+  for (int overlap : {1, 0}) {
+    INFO("overlap_gradient_sync = " << overlap);
+    const auto o = out + "_overlap" + std::to_string(overlap);
+    accel::notebook_launcher(train_w<accel::backend::Gloo>,
+                             std::make_tuple(o, 20, int64_t{32}, 1, overlap), lo);
+    check_equivalent(o, 2, 20);
+  }
 }
 
 TEST_CASE("W on 2 Gloo processes with gradient accumulation", "[parallel][gloo][accumulate]") {
@@ -86,7 +105,7 @@ TEST_CASE("W on 2 Gloo processes with gradient accumulation", "[parallel][gloo][
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(300);
   // 20 micro-steps of 16 rows per rank, 2 per optimizer step: 10 steps of 64 rows.
-  accel::notebook_launcher(train_w<accel::backend::Gloo>, std::make_tuple(out, 20, int64_t{16}, 2), lo);
+  accel::notebook_launcher(train_w<accel::backend::Gloo>, std::make_tuple(out, 20, int64_t{16}, 2, -1), lo);
   check_equivalent(out, 2, 10);
 }
 
@@ -119,7 +138,7 @@ TEST_CASE("W on two nodes of two processes equals one process", "[parallel][gloo
   lo.master_port = accel::detail::launch::pick_free_port("127.0.0.1");
   lo.timeout = std::chrono::seconds(300);
   // Global batch 64 over 4 ranks: 16 rows each.
-  auto args = std::make_tuple(out, 20, int64_t{16}, 1);
+  auto args = std::make_tuple(out, 20, int64_t{16}, 1, -1);
   pid_t node1 = ::fork();
   if (node1 == 0) {
     int rc = 0;

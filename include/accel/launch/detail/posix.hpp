@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <accel/detail/cores.hpp>
 #include <accel/errors.hpp>
 
 namespace accel::detail::launch {
@@ -131,17 +132,7 @@ inline std::string signal_name(int sig) {
   }
 }
 
-/// CPUs this process may run on (its affinity mask: what taskset, cgroups
-/// cpusets and Slurm allow), not the machine's total.
-inline int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
+using accel::detail::available_cores;
 
 /// Parses a positive integer environment variable; nullopt when unset/invalid.
 inline std::optional<int> positive_env_int(const char* name) {

@@ -27,9 +27,11 @@ namespace accel::shard::detail {
 /// when their gradients become ready in different orders.
 class BucketReducer final : public GradientSync {
  public:
+  /// overlap: start a bucket's all-reduce from backward once it is full;
+  /// otherwise all of them in finalize(), after backward.
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes)
-      : params_(std::move(params)), comm_(std::move(comm)) {
+                int64_t bucket_bytes, bool overlap = true)
+      : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
     register_hooks();
   }
@@ -56,6 +58,7 @@ class BucketReducer final : public GradientSync {
   }
 
   std::size_t num_buckets() const { return buckets_.size(); }
+  bool overlaps() const { return overlap_; }
   /// Number of buckets whose all-reduce was started from a backward hook in
   /// the last round (the overlap that happened); exposed for tests/benchmarks.
   std::size_t launched_during_backward() const { return launched_in_hooks_; }
@@ -154,7 +157,7 @@ class BucketReducer final : public GradientSync {
     ready_[k] = true;
     adopt_grad(k);
     auto& b = buckets_[slots_[k].bucket];
-    if (--b.pending == 0) {
+    if (--b.pending == 0 && overlap_) {
       std::size_t before = next_launch_;
       launch_ready();
       launched_in_hooks_ += next_launch_ - before;
@@ -202,6 +205,7 @@ class BucketReducer final : public GradientSync {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
+  bool overlap_;
   bool enabled_ = true;
   bool round_started_ = false;
 };
