@@ -4,6 +4,7 @@
 #ifndef ACCEL_ACCELERATOR_HPP
 #define ACCEL_ACCELERATOR_HPP
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include <accel/checkpoint/save_state.hpp>
 #include <accel/compatibility.hpp>
 #include <accel/data.hpp>
+#include <accel/detail/cores.hpp>
 #include <accel/detail/training_state.hpp>
 #include <accel/errors.hpp>
 #include <accel/ops/collectives.hpp>
@@ -75,7 +77,9 @@ class Accelerator {
                 options_.gradient_accumulation_steps, "). Use 1 to step on every batch.");
     if constexpr (Backend::multi_process) env_ = runtime::ProcessEnv::discover();
     state_->device = Backend::device(env_);
-    if constexpr (Precision::loss_scaling) {
+    // float16 autocast is what needs CUDA; loss scaling itself is device
+    // independent (a policy with loss scaling and no autocast runs on CPU).
+    if constexpr (Precision::autocast && Precision::autocast_dtype == at::kHalf) {
       ACCEL_CHECK(state_->device.is_cuda(),
                   "accel: precision::Fp16 needs a CUDA device (float16 autocast and loss scaling "
                   "are CUDA features), and this process runs on ", state_->device,
@@ -381,7 +385,7 @@ class Accelerator {
                                                             bucket_bytes, Shard::shards_gradients);
       else
         sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
-                                                              bucket_bytes);
+                                                              bucket_bytes, overlap_gradient_sync());
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }
@@ -423,6 +427,12 @@ class Accelerator {
     }
   }
 
+  bool overlap_gradient_sync() const {
+    if (options_.overlap_gradient_sync) return *options_.overlap_gradient_sync;
+    return state_->device.is_cuda() ||
+           detail::available_cores() > std::max(1, env_.local_world_size);
+  }
+
   void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {
     state_->finalize_gradients();
     if constexpr (Precision::loss_scaling) scaler_->unscale(params, *state_->comm);
@@ -456,6 +466,7 @@ class Accelerator {
     registry_.state = state_;
     registry_.scaler = scaler_;
     registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
+    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 };
 
