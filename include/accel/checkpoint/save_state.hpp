@@ -111,6 +111,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"models", reg.models.size()},
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
+          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},

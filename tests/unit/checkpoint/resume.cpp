@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "workload.hpp"
 
@@ -207,4 +208,14 @@ TEST_CASE("ZeRO-1 (ShardOptimizer): per-process optimizer files, shuffled resume
   CHECK(!fs::exists(dir / "ckpt" / "optimizer.pt"));
   launch<P, S>(dir / "resumed", dir / "ckpt", kResume, false);
   check_identical(dir / "full", dir / "resumed");
+
+  // Saved with other buckets: each rank's file holds other chunks. An
+  // explicit error before anything is loaded, not a shape mismatch later.
+  auto meta = nlohmann::json::parse(std::ifstream(dir / "ckpt" / "accel_state.json"));
+  CHECK(meta["partition_bucket_cap_mb"] == 25.0);
+  meta["partition_bucket_cap_mb"] = 1.0;
+  std::ofstream(dir / "ckpt" / "accel_state.json") << meta.dump();
+  CHECK_THROWS_WITH((launch<P, S>(dir / "unused", dir / "ckpt", kResume, false)),
+                    Catch::Contains("partitioned by buckets of 1 MB") &&
+                        Catch::Contains("Resume with AcceleratorOptions::bucket_cap_mb = 1."));
 }

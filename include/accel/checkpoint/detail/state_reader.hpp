@@ -94,6 +94,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
+  if (reg.optimizer_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+    // Each rank's optimizer file holds its chunks of the gradient buckets.
+    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
+    ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
+                "' holds sharded optimizer state partitioned by buckets of ", cap,
+                " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
+                ", which splits the parameters differently. Resume with "
+                "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
+  }
 
   // Every missing file at once.
   std::vector<std::string> files;
@@ -174,11 +183,20 @@ class ArchiveTransaction {
  public:
   void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
              std::size_t index) {
-    torch::serialize::OutputArchive snap;
-    target.save(snap);
-    std::ostringstream bytes;
-    snap.save_to(bytes);
-    done_.push_back({&target, bytes.str()});
+    if (target.snapshot) {
+      done_.push_back(target.snapshot());
+    } else {
+      torch::serialize::OutputArchive snap;
+      target.save(snap);
+      std::ostringstream out;
+      snap.save_to(out);
+      done_.push_back([&target, bytes = out.str()] {
+        std::istringstream in_bytes(bytes);
+        torch::serialize::InputArchive in;
+        in.load_from(in_bytes);
+        target.load(in);
+      });
+    }
     try {
       target.load(in);
     } catch (const std::exception& e) {
@@ -193,10 +211,7 @@ class ArchiveTransaction {
   void rollback() noexcept {
     for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
       try {
-        std::istringstream bytes(it->second);
-        torch::serialize::InputArchive in;
-        in.load_from(bytes);
-        it->first->load(in);
+        (*it)();
       } catch (...) {  // best effort: the snapshot was taken from this very object
       }
     }
@@ -204,7 +219,7 @@ class ArchiveTransaction {
   }
 
  private:
-  std::vector<std::pair<const Archived*, std::string>> done_;
+  std::vector<std::function<void()>> done_;  ///< restores, in the order applied
 };
 
 }  // namespace accel::checkpoint::detail
