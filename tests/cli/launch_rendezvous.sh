@@ -17,4 +17,21 @@ wait $m1 || fail "machine 1: $(cat "$T/machine1.out")"
 contains "$out" "rank 0/4 met all ranks on port $port nodes=0,0,1,1"
 contains "$out" "rank 1/4 met all ranks"
 contains "$(cat "$T/machine1.out")" "rank 3/4 met all ranks on port $port nodes=0,0,1,1"
+
+# Port 0 on two machines: machine 0 chooses, machine 1 learns it through the
+# shared rendezvous file (started first, it waits for the file); the file is
+# gone after the launch.
+rdzv="$T/rdzv"
+two0="--num_processes 4 --num_machines 2 --main_process_ip 127.0.0.1 --main_process_port 0 --rdzv_file $rdzv"
+"$ACCEL" launch $two0 --machine_rank 1 "$PROBE" > "$T/machine1b.out" 2>&1 &
+m1=$!
+sleep 0.5
+out=$("$ACCEL" launch $two0 --machine_rank 0 "$PROBE" 2>&1) || { kill $m1; fail "machine 0 (port 0): $out"; }
+wait $m1 || fail "machine 1 (port 0): $(cat "$T/machine1b.out")"
+chosen=$(printf '%s\n' "$out" | sed -n 's/.*chose free port \([0-9]*\).*/\1/p')
+[ -n "$chosen" ] || fail "machine 0 did not say which port it chose: $out"
+contains "$out" "rank 0/4 met all ranks on port $chosen nodes=0,0,1,1"
+contains "$(cat "$T/machine1b.out")" "machine 0 chose port $chosen"
+contains "$(cat "$T/machine1b.out")" "rank 3/4 met all ranks on port $chosen nodes=0,0,1,1"
+[ ! -e "$rdzv" ] || fail "the rendezvous file was left behind"
 echo PASS

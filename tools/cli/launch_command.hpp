@@ -31,6 +31,7 @@ namespace accel::cli {
 struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port;
   std::optional<std::string> main_process_ip, mixed_precision, backend, config_file, gpu_ids;
+  std::optional<std::string> rdzv_file;  ///< port 0 on several machines: the port goes through it
   std::optional<int> num_cpu_threads_per_process;
   bool cpu = false, debug = false, prefix_output = false, quiet = false;
   double grace_period = 5.0;  ///< seconds between SIGTERM and SIGKILL
@@ -43,6 +44,7 @@ struct LaunchPlan {
   int num_processes = 1, local_processes = 1, num_machines = 1, machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;
+  std::optional<std::string> published_port_file;  ///< machine 0 wrote it; removed after the launch
   std::vector<std::string> notes;  ///< what was chosen for the user (printed unless quiet)
 };
 
@@ -97,11 +99,19 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
                       " is not a port. Use 1-65535, or 0 to let accel choose.");
   // Only the main machine hosts the rendezvous, so only it can check the port.
   const bool hosts = p.machine_rank == 0;
-  if (port && *port == 0) {
-    if (p.num_machines > 1)
-      throw ConfigError("accel: --main_process_port 0 cannot be used with several machines: the "
-                        "others would not know the port chosen. Pass the same fixed port to "
-                        "every machine.");
+  if (port && *port == 0 && p.num_machines > 1) {
+    if (!f.rdzv_file)
+      throw ConfigError("accel: --main_process_port 0 with several machines needs --rdzv_file "
+                        "PATH on a filesystem all machines share, through which machine 0 tells "
+                        "the others the port it chose. Or pass the same fixed port to every "
+                        "machine.");
+    p.main_process_port = detail::agree_on_free_port(
+        *f.rdzv_file, p.machine_rank, p.main_process_ip,
+        std::chrono::steady_clock::now() + std::chrono::minutes(30));
+    if (hosts) p.published_port_file = *f.rdzv_file;
+    p.notes.push_back((hosts ? "chose free port " : "machine 0 chose port ") +
+                      std::to_string(p.main_process_port) + " (through " + *f.rdzv_file + ")");
+  } else if (port && *port == 0) {
     p.main_process_port = detail::pick_free_port(p.main_process_ip);
     p.notes.push_back("using free port " + std::to_string(p.main_process_port));
   } else if (port) {
@@ -159,6 +169,8 @@ inline int run_launch(const LaunchFlags& f) {
   if (f.command.empty())
     throw Error("accel: no program given. Usage: accel launch [OPTIONS] PROGRAM [ARGS...].");
   const LaunchPlan p = make_launch_plan(f);
+  std::optional<detail::launch::RemoveAtExit> published;
+  if (p.published_port_file) published.emplace(*p.published_port_file);
   detail::launch::validate(node_options(p, f));
   if (!f.quiet)
     for (const auto& n : p.notes) std::cerr << "accel: " << n << ".\n";

@@ -48,6 +48,11 @@ int main(int argc, char** argv) {
   auto* o_ip = launch->add_option("--main_process_ip", ip, "Address of machine 0");
   auto* o_port = launch->add_option("--main_process_port", port,
                                     "Rendezvous port on machine 0 (0: pick a free one)");
+  std::string rdzv_file;
+  auto* o_rdzv = launch->add_option(
+      "--rdzv_file", rdzv_file,
+      "With --main_process_port 0 on several machines: a shared path through which machine 0 "
+      "tells the others the port it chose");
   auto* o_mp = launch->add_option("--mixed_precision", launch_mp, "no | fp16 | bf16")
                    ->check(CLI::IsMember({"no", "fp16", "bf16"}));
   auto* o_be = launch->add_option("--backend", backend, "gloo | mpi | nccl (ACCEL_BACKEND)")
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
       set_if(o_mr, machine_rank, f.machine_rank);
       set_if(o_port, port, f.main_process_port);
       set_if(o_ip, ip, f.main_process_ip);
+      set_if(o_rdzv, rdzv_file, f.rdzv_file);
       set_if(o_mp, launch_mp, f.mixed_precision);
       set_if(o_be, backend, f.backend);
       set_if(o_cf, launch_config, f.config_file);

@@ -17,7 +17,7 @@ struct LaunchOptions {
   int num_nodes = 1;      ///< nodes taking part (each runs its own launcher)
   int node_rank = 0;      ///< this node's index, 0 .. num_nodes-1
   std::string master_addr = "127.0.0.1";  ///< rendezvous host (node 0)
-  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (single node only)
+  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (several nodes: see rendezvous_file)
   std::chrono::seconds timeout{1800};  ///< bound on the whole launch
 
   /// Exported as ACCEL_MIXED_PRECISION ("no", "fp16", "bf16") when set.
@@ -26,6 +26,10 @@ struct LaunchOptions {
   bool prefix_output = false;
   /// Between SIGTERM and SIGKILL when the other workers are stopped.
   std::chrono::milliseconds stop_grace{std::chrono::seconds{5}};
+  /// With several nodes and master_port 0: a file path every node can read
+  /// (a shared filesystem). Node 0 picks a free port and writes it there;
+  /// the other nodes wait for it. Node 0 removes the file when its launch ends.
+  std::optional<std::string> rendezvous_file = std::nullopt;
 };
 
 }  // namespace accel

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -109,7 +110,14 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
   const auto deadline = std::chrono::steady_clock::now() +
                         std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
   dl::validate(opts);
-  if (opts.master_port == 0) opts.master_port = dl::pick_free_port(opts.master_addr);
+  std::optional<dl::RemoveAtExit> published;  // node 0's rendezvous file, removed when done
+  if (opts.master_port == 0 && opts.num_nodes > 1) {
+    opts.master_port = dl::agree_on_free_port(*opts.rendezvous_file, opts.node_rank,
+                                              opts.master_addr, deadline);
+    if (opts.node_rank == 0) published.emplace(*opts.rendezvous_file);
+  } else if (opts.master_port == 0) {
+    opts.master_port = dl::pick_free_port(opts.master_addr);
+  }
 
   if (opts.num_processes == 1 && opts.num_nodes == 1) {
     dl::EnvList env = dl::rank_environment(opts, 0);

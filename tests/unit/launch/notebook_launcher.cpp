@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -396,7 +397,8 @@ TEST_CASE("invalid options are refused with clear messages", "[launch]") {
                     Catch::Contains("master_port 70000 is not a TCP port"));
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{},
                                              {.num_nodes = 2, .master_port = 0}),
-                    Catch::Contains("Pass the same fixed master_port on every node"));
+                    Catch::Contains("needs a rendezvous_file") &&
+                        Catch::Contains("Pass the same fixed master_port on every node"));
   accel::LaunchOptions mp;
   mp.mixed_precision = "fp8";
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, mp),
@@ -516,7 +518,13 @@ TEST_CASE("two nodes meet in a c10d TCPStore through the launcher's variables", 
   // four workers rendezvous on MASTER_ADDR:MASTER_PORT and each learns every
   // other worker's global rank from the store.
   const fs::path dir = fresh_dir("two_nodes_store");
-  const int port = accel::detail::launch::pick_free_port("127.0.0.1");
+  int port = accel::detail::launch::pick_free_port("127.0.0.1");
+  std::optional<std::string> rdzv;
+  SECTION("a fixed port") {}
+  SECTION("port 0: node 0 picks it and tells node 1 through the rendezvous file") {
+    port = 0;
+    rdzv = (dir / "rdzv").string();
+  }
   auto node = [&](int node_rank) {
     accel::notebook_launcher(
         [](const std::string& d) {
@@ -540,7 +548,7 @@ TEST_CASE("two nodes meet in a c10d TCPStore through the launcher's variables", 
         },
         std::make_tuple(dir.string()),
         {.num_processes = 2, .num_nodes = 2, .node_rank = node_rank, .master_port = port,
-         .timeout = 60s});
+         .timeout = 60s, .rendezvous_file = rdzv});
   };
   const pid_t other = ::fork();
   REQUIRE(other >= 0);
@@ -560,6 +568,35 @@ TEST_CASE("two nodes meet in a c10d TCPStore through the launcher's variables", 
     std::this_thread::sleep_for(10ms);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  for (int r = 0; r < 4; ++r)
-    CHECK(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["extra"] == "0011 4");
+  std::string seen;
+  for (int r = 0; r < 4; ++r) {
+    auto kv = read_report(dir / ("rank" + std::to_string(r) + ".txt"));
+    CHECK(kv["extra"] == "0011 4");
+    if (r == 0) seen = kv["MASTER_PORT"];
+    CHECK(kv["MASTER_PORT"] == seen);  // one port on both nodes
+  }
+  CHECK(std::stoi(seen) > 0);
+  if (port != 0) CHECK(seen == std::to_string(port));
+  if (rdzv) CHECK(!fs::exists(*rdzv));  // node 0 removed it after its launch
+}
+
+TEST_CASE("several nodes with port 0: a rendezvous file is needed, and waited for", "[launch]") {
+  auto noop = [] {};
+  const fs::path dir = fresh_dir("rdzv_wait");
+  // Node 1 without node 0: the launch timeout ends the wait with a clear error.
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{},
+                                             {.num_processes = 1, .num_nodes = 2, .node_rank = 1,
+                                              .master_port = 0, .timeout = 1s,
+                                              .rendezvous_file = (dir / "never").string()}),
+                    Catch::Contains("waited for node 0 to write the port") &&
+                        Catch::Contains("never"));
+  CHECK(Clock::now() - t0 < 10s);
+  // A file that is not accel's is refused, not misread.
+  std::ofstream(dir / "other") << "hello 12\n";
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{},
+                                             {.num_processes = 1, .num_nodes = 2, .node_rank = 1,
+                                              .master_port = 0, .timeout = 5s,
+                                              .rendezvous_file = (dir / "other").string()}),
+                    Catch::Contains("is not an accel rendezvous file"));
 }

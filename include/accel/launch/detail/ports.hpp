@@ -10,8 +10,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include <accel/errors.hpp>
 
@@ -76,6 +82,63 @@ inline void ensure_port_free(const std::string& addr, int port) {
   if (fd == -EACCES)
     throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
                 "a --main_process_port above 1023, or 0 to let accel choose.");
+}
+
+/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
+class RemoveAtExit {
+ public:
+  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
+  RemoveAtExit(const RemoveAtExit&) = delete;
+  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
+  ~RemoveAtExit() { std::remove(path_.c_str()); }
+
+ private:
+  std::string path_;
+};
+
+/// Several nodes, master_port 0: node 0 picks a free port on addr and
+/// publishes it in `file` (written beside it, then renamed: readers see all of
+/// it or nothing); every other node waits for the file until `deadline`. A
+/// file left by an earlier launch is replaced by node 0 first.
+inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
+                              std::chrono::steady_clock::time_point deadline) {
+  namespace fs = std::filesystem;
+  constexpr const char* kTag = "accel-rendezvous-port";
+  if (node_rank == 0) {
+    const int port = pick_free_port(addr);
+    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kTag << ' ' << port << '\n';
+      out.flush();
+      if (!out)
+        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
+                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
+    }
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec)
+      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
+                  "). Give a rendezvous_file in a writable directory that all nodes share.");
+    return port;
+  }
+  for (;;) {
+    std::ifstream in(file);
+    std::string tag;
+    int port = 0;
+    if (in >> tag >> port) {
+      if (tag != kTag || port < 1 || port > 65535)
+        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
+                    std::to_string(port) + "'). Give a path that only accel launches use.");
+      return port;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw TimeoutError("accel: node " + std::to_string(node_rank) +
+                         " waited for node 0 to write the port it chose to '" + file +
+                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
+                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace accel::detail

@@ -35,10 +35,10 @@ inline void validate(const LaunchOptions& o) {
               "). Give every node a distinct node_rank below num_nodes.");
   ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
               " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
-  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1, "accel: master_port 0 (pick a free port) ",
-              "cannot be used with num_nodes = ", o.num_nodes,
-              ", because the other nodes cannot learn the port. Pass the same fixed master_port "
-              "on every node.");
+  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1 || o.rendezvous_file, "accel: master_port 0 "
+              "(pick a free port) with num_nodes = ", o.num_nodes, " needs a rendezvous_file "
+              "through which node 0 tells the others the port. Pass the same fixed master_port on "
+              "every node, or the same rendezvous_file on a filesystem all nodes share.");
   ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
               "address of node 0 (\"127.0.0.1\" on one machine).");
   ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
@@ -107,6 +107,8 @@ inline int try_bind(const std::string& host, int port) {
 /// the workers start, so another program could take it in between: rare, and
 /// the rendezvous then fails with the port in its message.
 using accel::detail::pick_free_port;
+using accel::detail::agree_on_free_port;
+using accel::detail::RemoveAtExit;
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no
