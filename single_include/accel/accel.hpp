@@ -144,6 +144,12 @@ struct AcceleratorOptions {
   std::chrono::seconds timeout{1800};      ///< collective / rendezvous timeout
   // --- accel additions (after the API.md fields, so designated initializers keep working) ---
   double bucket_cap_mb = 25.0;             ///< gradient all-reduce bucket size (Replicate, ZeRO)
+  /// shard::Replicate: start each bucket's all-reduce from backward as soon as
+  /// it is full (true) or all of them after backward (false). Unset: overlap
+  /// on CUDA, and on CPU when each process of this machine has a core to
+  /// spare (cores / local processes > 1); on fewer cores the all-reduce only
+  /// takes CPU time from backward (bench/README.md).
+  std::optional<bool> overlap_gradient_sync{};
   GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
@@ -723,6 +729,7 @@ inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& en
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -1059,14 +1066,16 @@ inline std::string mpi_failure_message(const std::string& op, int rank, int size
          "at the other ranks' errors.";
 }
 
-/// An MPI request polled with MPI_Test until done or past the deadline.
-/// OpenMPI progresses non-blocking collectives inside MPI_Test, so the loop
-/// spins (like MPI_Wait does) and only backs off after a second.
+/// MPI requests (one per chunk of a collective) polled with MPI_Testall
+/// until done or past the deadline. OpenMPI progresses non-blocking
+/// collectives inside MPI_Test, so the loop spins (like MPI_Wait does) and
+/// only backs off after a second.
 class MpiTestWork final : public Work {
  public:
-  MpiTestWork(MPI_Request req, std::string op, int rank, int size, std::chrono::milliseconds timeout,
-              std::vector<torch::Tensor> keep, std::function<void()> then)
-      : req_(req), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
+  MpiTestWork(std::vector<MPI_Request> reqs, std::string op, int rank, int size,
+              std::chrono::milliseconds timeout, std::vector<torch::Tensor> keep,
+              std::function<void()> then)
+      : reqs_(std::move(reqs)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
         keep_(std::move(keep)), then_(std::move(then)) {}
 
   void wait() override {
@@ -1087,7 +1096,7 @@ class MpiTestWork final : public Work {
     int flag = 0, rc;
     {
       auto lock = MpiRuntime::instance().lock();
-      rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE);
     }
     if (rc != MPI_SUCCESS) throw Error(mpi_failure_message(op_, rank_, size_, rc));
     if (!flag) return false;
@@ -1097,7 +1106,7 @@ class MpiTestWork final : public Work {
     return true;
   }
 
-  MPI_Request req_;
+  std::vector<MPI_Request> reqs_;
   std::string op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
@@ -1260,14 +1269,13 @@ namespace accel::runtime {
 enum class MpiProgress {
   /// MPI's non-blocking collectives (MPI_Iallreduce...), progressed by the
   /// MPI_Test polling in wait(). No extra thread; but OpenMPI's libnbc moves
-  /// data only while someone polls (little overlap with computation) and
-  /// reaches ~0.7x of blocking MPI_Allreduce (bench/allreduce_bandwidth).
+  /// data only while someone polls, and copies each buffer into a fresh
+  /// temporary: W on 2 processes ran at ~350 ms/step this way vs ~70 with
+  /// Thread (bench/README.md). The fallback when MPI lacks THREAD_MULTIPLE.
   Test,
-  /// One thread per communicator runs MPI's blocking (tuned) collectives in
-  /// launch order, so they progress while the caller computes. Alone it is as
-  /// fast as MPI_Allreduce, but interleaved with MPI calls made by other
-  /// threads of the rank it measured far slower for small buffers on a busy
-  /// 2-core machine: opt in and measure. Needs MPI_THREAD_MULTIPLE (else Test).
+  /// One thread per communicator runs MPI's blocking (tuned, shared-memory)
+  /// collectives in launch order, so they progress while the caller
+  /// computes. Needs MPI_THREAD_MULTIPLE (else Test). The default.
   Thread,
 };
 
@@ -1278,7 +1286,13 @@ struct MpiOptions {
   /// Processes not started by mpirun meet through this FileStore (else the
   /// TCPStore on MASTER_ADDR:MASTER_PORT) to join as OpenMPI singletons.
   std::optional<std::string> file_store;
-  MpiProgress progress = MpiProgress::Test;
+  MpiProgress progress = MpiProgress::Thread;
+  /// all_reduce moves at most this many bytes per MPI call. OpenMPI's
+  /// shared-memory all-reduce switches to an algorithm ~10x slower above
+  /// ~25-32 MiB, and its non-blocking form copies the whole buffer into a
+  /// fresh temporary each call; 4 MiB pieces run at full speed
+  /// (bench/allreduce_bandwidth). 0: one call, whatever the size.
+  int64_t max_chunk_bytes = int64_t{4} << 20;
 };
 
 /// Communicator over an MPI communicator (its own duplicate, so accel's
@@ -1287,8 +1301,8 @@ class MpiCommunicator final : public Communicator {
  public:
   /// Takes ownership of `comm` (freed in the destructor unless MPI is finalised).
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout,
-                  MpiProgress progress = MpiProgress::Test)
-      : comm_(comm), timeout_(timeout) {
+                  MpiProgress progress = MpiProgress::Thread, int64_t max_chunk_bytes = 0)
+      : comm_(comm), timeout_(timeout), max_chunk_bytes_(max_chunk_bytes) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -1314,17 +1328,30 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
     check(tensor, "all_reduce");
     auto buf = detail::needs_widening(tensor) ? tensor.to(torch::kFloat) : tensor;
-    const int count = detail::mpi_count(buf.numel(), "all_reduce");
     const auto type = detail::mpi_type(buf.scalar_type(), true);
     const auto mop = detail::mpi_op(op);
     std::function<void()> then;
     if (!buf.is_same(tensor)) then = [buf, out = tensor]() mutable { out.copy_(buf); };
-    void* p = buf.data_ptr();
+    // Elementwise, so pieces reduce independently: [offset, offset + count) each.
+    const int64_t n = buf.numel(), item = static_cast<int64_t>(buf.element_size());
+    const int64_t piece = max_chunk_bytes_ > 0 ? std::max<int64_t>(1, max_chunk_bytes_ / item) : n;
+    const int pieces = static_cast<int>(std::max<int64_t>(1, (n + piece - 1) / piece));
+    detail::mpi_count(std::min(n, piece), "all_reduce");
+    auto* p = static_cast<char*>(buf.data_ptr());
     MPI_Comm c = comm_;
+    auto at = [=](int k) { return p + k * piece * item; };
+    auto count = [=](int k) { return static_cast<int>(std::min(piece, n - k * piece)); };
     return start(
-        "all_reduce", {buf}, std::move(then),
-        [=](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, p, count, type, mop, c, r); },
-        [=] { return MPI_Allreduce(MPI_IN_PLACE, p, count, type, mop, c); });
+        "all_reduce", {buf}, std::move(then), pieces,
+        [=](int k, MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, at(k), count(k), type, mop, c, r);
+        },
+        [=] {
+          for (int k = 0; k < pieces; ++k)
+            if (int rc = MPI_Allreduce(MPI_IN_PLACE, at(k), count(k), type, mop, c); rc != MPI_SUCCESS)
+              return rc;
+          return MPI_SUCCESS;
+        });
   }
 
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
@@ -1341,8 +1368,8 @@ class MpiCommunicator final : public Communicator {
     void* out = output.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "all_gather", {output, input}, {},
-        [=](MPI_Request* r) { return MPI_Iallgather(in, count, type, out, count, type, c, r); },
+        "all_gather", {output, input}, {}, 1,
+        [=](int, MPI_Request* r) { return MPI_Iallgather(in, count, type, out, count, type, c, r); },
         [=] { return MPI_Allgather(in, count, type, out, count, type, c); });
   }
 
@@ -1367,8 +1394,8 @@ class MpiCommunicator final : public Communicator {
     void* po = out.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "reduce_scatter", {in, out}, std::move(then),
-        [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, count, type, mop, c, r); },
+        "reduce_scatter", {in, out}, std::move(then), 1,
+        [=](int, MPI_Request* r) { return MPI_Ireduce_scatter_block(pi, po, count, type, mop, c, r); },
         [=] { return MPI_Reduce_scatter_block(pi, po, count, type, mop, c); });
   }
 
@@ -1381,15 +1408,15 @@ class MpiCommunicator final : public Communicator {
     void* p = tensor.data_ptr();
     MPI_Comm c = comm_;
     return start(
-        "broadcast", {tensor}, {},
-        [=](MPI_Request* r) { return MPI_Ibcast(p, count, type, src, c, r); },
+        "broadcast", {tensor}, {}, 1,
+        [=](int, MPI_Request* r) { return MPI_Ibcast(p, count, type, src, c, r); },
         [=] { return MPI_Bcast(p, count, type, src, c); });
   }
 
   void barrier() override {
     MPI_Comm c = comm_;
     start(
-        "barrier", {}, {}, [=](MPI_Request* r) { return MPI_Ibarrier(c, r); },
+        "barrier", {}, {}, 1, [=](int, MPI_Request* r) { return MPI_Ibarrier(c, r); },
         [=] { return MPI_Barrier(c); })
         ->wait();
   }
@@ -1401,28 +1428,30 @@ class MpiCommunicator final : public Communicator {
   }
 
   /// Hands the collective to the progress thread (blocking form) or posts
-  /// its non-blocking form; `keep` stays alive until it is done.
+  /// its non-blocking form, `pieces` requests; `keep` stays alive until it is done.
   template <class Post, class Run>
   std::shared_ptr<Work> start(const char* op, std::vector<torch::Tensor> keep,
-                              std::function<void()> then, Post post, Run run) {
+                              std::function<void()> then, int pieces, Post post, Run run) {
     if (thread_) {
       auto state = thread_->submit([run, keep = std::move(keep)] { return run(); });
       return std::make_shared<detail::MpiThreadWork>(std::move(state), op, rank_, size_, timeout_,
                                                      std::move(then));
     }
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc;
+    std::vector<MPI_Request> reqs(static_cast<std::size_t>(pieces), MPI_REQUEST_NULL);
+    int rc = MPI_SUCCESS;
     {
       auto lock = detail::MpiRuntime::instance().lock();
-      rc = post(&req);
+      for (int k = 0; k < pieces && rc == MPI_SUCCESS; ++k) rc = post(k, &reqs[k]);
     }
     if (rc != MPI_SUCCESS) throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
-    return std::make_shared<detail::MpiTestWork>(req, op, rank_, size_, timeout_, std::move(keep),
-                                                 std::move(then));
+    return std::make_shared<detail::MpiTestWork>(std::move(reqs), op, rank_, size_, timeout_,
+                                                 std::move(keep), std::move(then));
   }
+
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
+  int64_t max_chunk_bytes_ = 0;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<detail::MpiProgressThread> thread_;
 };
@@ -1453,7 +1482,8 @@ inline std::shared_ptr<MpiCommunicator> make_mpi_communicator(const ProcessEnv& 
     comm = detail::join_singletons(env, *store, options.timeout);
     // Everyone has read the keys once all ranks are joined; the store may go.
   }
-  return std::make_shared<MpiCommunicator>(comm, options.timeout, options.progress);
+  return std::make_shared<MpiCommunicator>(comm, options.timeout, options.progress,
+                                           options.max_chunk_bytes);
 }
 
 }  // namespace accel::runtime
@@ -1561,10 +1591,11 @@ struct Gloo {
 // end <accel/backend/gloo.hpp>
 // begin <accel/backend/mpi.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::backend::Mpi: MPI's non-blocking collectives.
+/// @file Defines accel::backend::Mpi: MPI's shared-memory collectives, run on a progress thread.
 #ifndef ACCEL_BACKEND_MPI_HPP
 #define ACCEL_BACKEND_MPI_HPP
 
+#include <cstdlib>
 #include <memory>
 #include <string_view>
 
@@ -1588,6 +1619,13 @@ struct Mpi {
     runtime::MpiOptions m;
     m.timeout = opts.timeout;
     m.file_store = opts.file_store;
+    // ACCEL_MPI_PROGRESS=thread|test (default thread): see runtime::MpiProgress.
+    if (const char* v = std::getenv("ACCEL_MPI_PROGRESS"); v && *v) {
+      const std::string_view s(v);
+      ACCEL_CHECK(s == "thread" || s == "test", "accel: ACCEL_MPI_PROGRESS='", s,
+                  "' is not a progress mode. Use thread or test, or unset it.");
+      m.progress = s == "thread" ? runtime::MpiProgress::Thread : runtime::MpiProgress::Test;
+    }
     return runtime::make_mpi_communicator(env, m);
 #else
     throw Error("accel: backend::Mpi is not available in this build. Use backend::Gloo.");
@@ -5437,7 +5475,7 @@ struct LaunchOptions {
   int num_nodes = 1;      ///< nodes taking part (each runs its own launcher)
   int node_rank = 0;      ///< this node's index, 0 .. num_nodes-1
   std::string master_addr = "127.0.0.1";  ///< rendezvous host (node 0)
-  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (single node only)
+  int master_port = 29500;  ///< rendezvous port; 0: pick a free one (several nodes: see rendezvous_file)
   std::chrono::seconds timeout{1800};  ///< bound on the whole launch
 
   /// Exported as ACCEL_MIXED_PRECISION ("no", "fp16", "bf16") when set.
@@ -5446,6 +5484,10 @@ struct LaunchOptions {
   bool prefix_output = false;
   /// Between SIGTERM and SIGKILL when the other workers are stopped.
   std::chrono::milliseconds stop_grace{std::chrono::seconds{5}};
+  /// With several nodes and master_port 0: a file path every node can read
+  /// (a shared filesystem). Node 0 picks a free port and writes it there;
+  /// the other nodes wait for it. Node 0 removes the file when its launch ends.
+  std::optional<std::string> rendezvous_file = std::nullopt;
 };
 
 }  // namespace accel
@@ -5465,6 +5507,7 @@ struct LaunchOptions {
 #include <csignal>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -5499,6 +5542,35 @@ struct LaunchOptions {
 #include <utility>
 #include <vector>
 
+// begin <accel/detail/cores.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::available_cores(): the CPUs this process may use.
+#ifndef ACCEL_DETAIL_CORES_HPP
+#define ACCEL_DETAIL_CORES_HPP
+
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace accel::detail {
+
+/// CPUs this process may run on (its affinity mask: what taskset, cgroups
+/// cpusets, Slurm and mpirun's binding allow), not the machine's total.
+inline int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_CORES_HPP
+// end <accel/detail/cores.hpp>
 
 namespace accel::detail::launch {
 
@@ -5605,17 +5677,7 @@ inline std::string signal_name(int sig) {
   }
 }
 
-/// CPUs this process may run on (its affinity mask: what taskset, cgroups
-/// cpusets and Slurm allow), not the machine's total.
-inline int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
+using accel::detail::available_cores;
 
 /// Parses a positive integer environment variable; nullopt when unset/invalid.
 inline std::optional<int> positive_env_int(const char* name) {
@@ -5772,8 +5834,14 @@ class StopSignalGuard {
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
+#include <utility>
 
 
 namespace accel::detail {
@@ -5839,6 +5907,63 @@ inline void ensure_port_free(const std::string& addr, int port) {
                 "a --main_process_port above 1023, or 0 to let accel choose.");
 }
 
+/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
+class RemoveAtExit {
+ public:
+  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
+  RemoveAtExit(const RemoveAtExit&) = delete;
+  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
+  ~RemoveAtExit() { std::remove(path_.c_str()); }
+
+ private:
+  std::string path_;
+};
+
+/// Several nodes, master_port 0: node 0 picks a free port on addr and
+/// publishes it in `file` (written beside it, then renamed: readers see all of
+/// it or nothing); every other node waits for the file until `deadline`. A
+/// file left by an earlier launch is replaced by node 0 first.
+inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
+                              std::chrono::steady_clock::time_point deadline) {
+  namespace fs = std::filesystem;
+  constexpr const char* kTag = "accel-rendezvous-port";
+  if (node_rank == 0) {
+    const int port = pick_free_port(addr);
+    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kTag << ' ' << port << '\n';
+      out.flush();
+      if (!out)
+        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
+                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
+    }
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec)
+      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
+                  "). Give a rendezvous_file in a writable directory that all nodes share.");
+    return port;
+  }
+  for (;;) {
+    std::ifstream in(file);
+    std::string tag;
+    int port = 0;
+    if (in >> tag >> port) {
+      if (tag != kTag || port < 1 || port > 65535)
+        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
+                    std::to_string(port) + "'). Give a path that only accel launches use.");
+      return port;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw TimeoutError("accel: node " + std::to_string(node_rank) +
+                         " waited for node 0 to write the port it chose to '" + file +
+                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
+                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace accel::detail
 
 #endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
@@ -5856,10 +5981,10 @@ inline void validate(const LaunchOptions& o) {
               "). Give every node a distinct node_rank below num_nodes.");
   ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
               " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
-  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1, "accel: master_port 0 (pick a free port) ",
-              "cannot be used with num_nodes = ", o.num_nodes,
-              ", because the other nodes cannot learn the port. Pass the same fixed master_port "
-              "on every node.");
+  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1 || o.rendezvous_file, "accel: master_port 0 "
+              "(pick a free port) with num_nodes = ", o.num_nodes, " needs a rendezvous_file "
+              "through which node 0 tells the others the port. Pass the same fixed master_port on "
+              "every node, or the same rendezvous_file on a filesystem all nodes share.");
   ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
               "address of node 0 (\"127.0.0.1\" on one machine).");
   ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
@@ -5928,6 +6053,8 @@ inline int try_bind(const std::string& host, int port) {
 /// the workers start, so another program could take it in between: rare, and
 /// the rendezvous then fails with the port in its message.
 using accel::detail::pick_free_port;
+using accel::detail::agree_on_free_port;
+using accel::detail::RemoveAtExit;
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no
@@ -6545,7 +6672,14 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
   const auto deadline = std::chrono::steady_clock::now() +
                         std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
   dl::validate(opts);
-  if (opts.master_port == 0) opts.master_port = dl::pick_free_port(opts.master_addr);
+  std::optional<dl::RemoveAtExit> published;  // node 0's rendezvous file, removed when done
+  if (opts.master_port == 0 && opts.num_nodes > 1) {
+    opts.master_port = dl::agree_on_free_port(*opts.rendezvous_file, opts.node_rank,
+                                              opts.master_addr, deadline);
+    if (opts.node_rank == 0) published.emplace(*opts.rendezvous_file);
+  } else if (opts.master_port == 0) {
+    opts.master_port = dl::pick_free_port(opts.master_addr);
+  }
 
   if (opts.num_processes == 1 && opts.num_nodes == 1) {
     dl::EnvList env = dl::rank_environment(opts, 0);
@@ -7103,6 +7237,7 @@ auto share(A&& a) {
 #ifndef ACCEL_ACCELERATOR_HPP
 #define ACCEL_ACCELERATOR_HPP
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <iostream>
@@ -7505,11 +7640,40 @@ inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::Input
   }
 }
 
-/// save/load closures for one object (the object must outlive them).
+/// What load_state() keeps to put an object back if a later load fails:
+/// called before loading, returns the closure that restores the object.
+using Snapshot = std::function<std::function<void()>()>;
+
+/// save/load closures for one object (the object must outlive them);
+/// snapshot is optional (without it, load_state serializes a copy first).
 struct Archived {
   std::function<void(torch::serialize::OutputArchive&)> save;
   std::function<void(torch::serialize::InputArchive&)> load;
+  Snapshot snapshot = {};
 };
+
+/// An optimizer's snapshot without serializing it: LibTorch's Optimizer::load
+/// replaces the per-parameter state objects and the group options with new
+/// ones, never writing into the old tensors, so shallow copies of the state
+/// (clone() copies tensor handles) and copies of the options restore it. For
+/// 100M parameters with Adam this is microseconds instead of the ~10 s a
+/// serialized copy took (bench/checkpoint_cost).
+inline Snapshot optimizer_snapshot(torch::optim::Optimizer* p) {
+  return [p]() -> std::function<void()> {
+    using StateMap = std::remove_cvref_t<decltype(p->state())>;
+    auto state = std::make_shared<StateMap>();
+    for (const auto& [key, value] : p->state()) state->emplace(key, value->clone());
+    auto options = std::make_shared<std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>>();
+    for (const auto& g : p->param_groups()) options->push_back(g.options().clone());
+    return [p, state, options] {
+      p->state().clear();
+      for (const auto& [key, value] : *state) p->state().emplace(key, value->clone());
+      auto& groups = p->param_groups();
+      for (std::size_t i = 0; i < groups.size() && i < options->size(); ++i)
+        groups[i].set_options((*options)[i]->clone());
+    };
+  };
+}
 
 template <class T>
 Archived archived(T& obj) {
@@ -7518,7 +7682,8 @@ Archived archived(T& obj) {
     return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
   } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) {
     torch::optim::Optimizer* p = &obj;
-    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); }};
+    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); },
+            optimizer_snapshot(p)};
   } else if constexpr (ArchiveCheckpointable<T>) {
     T* p = &obj;
     return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
@@ -7575,6 +7740,7 @@ struct StateRegistry {
   std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
   bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
+  double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
 
   template <class M>
   void add_model(const M& model) {
@@ -7591,7 +7757,8 @@ struct StateRegistry {
   void add_optimizer(std::shared_ptr<O> opt) {
     torch::optim::Optimizer* p = opt.get();
     optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
-                          [opt, p](auto& in) { detail::load_optimizer(*p, in); }});
+                          [opt, p](auto& in) { detail::load_optimizer(*p, in); },
+                          detail::optimizer_snapshot(p)});
   }
 
   template <class S>
@@ -7857,6 +8024,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
+  if (reg.optimizer_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+    // Each rank's optimizer file holds its chunks of the gradient buckets.
+    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
+    ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
+                "' holds sharded optimizer state partitioned by buckets of ", cap,
+                " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
+                ", which splits the parameters differently. Resume with "
+                "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
+  }
 
   // Every missing file at once.
   std::vector<std::string> files;
@@ -7937,11 +8113,20 @@ class ArchiveTransaction {
  public:
   void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
              std::size_t index) {
-    torch::serialize::OutputArchive snap;
-    target.save(snap);
-    std::ostringstream bytes;
-    snap.save_to(bytes);
-    done_.push_back({&target, bytes.str()});
+    if (target.snapshot) {
+      done_.push_back(target.snapshot());
+    } else {
+      torch::serialize::OutputArchive snap;
+      target.save(snap);
+      std::ostringstream out;
+      snap.save_to(out);
+      done_.push_back([&target, bytes = out.str()] {
+        std::istringstream in_bytes(bytes);
+        torch::serialize::InputArchive in;
+        in.load_from(in_bytes);
+        target.load(in);
+      });
+    }
     try {
       target.load(in);
     } catch (const std::exception& e) {
@@ -7956,10 +8141,7 @@ class ArchiveTransaction {
   void rollback() noexcept {
     for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
       try {
-        std::istringstream bytes(it->second);
-        torch::serialize::InputArchive in;
-        in.load_from(bytes);
-        it->first->load(in);
+        (*it)();
       } catch (...) {  // best effort: the snapshot was taken from this very object
       }
     }
@@ -7967,7 +8149,7 @@ class ArchiveTransaction {
   }
 
  private:
-  std::vector<std::pair<const Archived*, std::string>> done_;
+  std::vector<std::function<void()>> done_;  ///< restores, in the order applied
 };
 
 }  // namespace accel::checkpoint::detail
@@ -8051,6 +8233,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"models", reg.models.size()},
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
+          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
@@ -8278,9 +8461,11 @@ namespace accel::shard::detail {
 /// when their gradients become ready in different orders.
 class BucketReducer final : public GradientSync {
  public:
+  /// overlap: start a bucket's all-reduce from backward once it is full;
+  /// otherwise all of them in finalize(), after backward.
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes)
-      : params_(std::move(params)), comm_(std::move(comm)) {
+                int64_t bucket_bytes, bool overlap = true)
+      : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
     register_hooks();
   }
@@ -8307,6 +8492,7 @@ class BucketReducer final : public GradientSync {
   }
 
   std::size_t num_buckets() const { return buckets_.size(); }
+  bool overlaps() const { return overlap_; }
   /// Number of buckets whose all-reduce was started from a backward hook in
   /// the last round (the overlap that happened); exposed for tests/benchmarks.
   std::size_t launched_during_backward() const { return launched_in_hooks_; }
@@ -8405,7 +8591,7 @@ class BucketReducer final : public GradientSync {
     ready_[k] = true;
     adopt_grad(k);
     auto& b = buckets_[slots_[k].bucket];
-    if (--b.pending == 0) {
+    if (--b.pending == 0 && overlap_) {
       std::size_t before = next_launch_;
       launch_ready();
       launched_in_hooks_ += next_launch_ - before;
@@ -8453,6 +8639,7 @@ class BucketReducer final : public GradientSync {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
+  bool overlap_;
   bool enabled_ = true;
   bool round_started_ = false;
 };
@@ -9691,7 +9878,9 @@ class Accelerator {
                 options_.gradient_accumulation_steps, "). Use 1 to step on every batch.");
     if constexpr (Backend::multi_process) env_ = runtime::ProcessEnv::discover();
     state_->device = Backend::device(env_);
-    if constexpr (Precision::loss_scaling) {
+    // float16 autocast is what needs CUDA; loss scaling itself is device
+    // independent (a policy with loss scaling and no autocast runs on CPU).
+    if constexpr (Precision::autocast && Precision::autocast_dtype == at::kHalf) {
       ACCEL_CHECK(state_->device.is_cuda(),
                   "accel: precision::Fp16 needs a CUDA device (float16 autocast and loss scaling "
                   "are CUDA features), and this process runs on ", state_->device,
@@ -9997,7 +10186,7 @@ class Accelerator {
                                                             bucket_bytes, Shard::shards_gradients);
       else
         sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
-                                                              bucket_bytes);
+                                                              bucket_bytes, overlap_gradient_sync());
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }
@@ -10039,6 +10228,12 @@ class Accelerator {
     }
   }
 
+  bool overlap_gradient_sync() const {
+    if (options_.overlap_gradient_sync) return *options_.overlap_gradient_sync;
+    return state_->device.is_cuda() ||
+           detail::available_cores() > std::max(1, env_.local_world_size);
+  }
+
   void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {
     state_->finalize_gradients();
     if constexpr (Precision::loss_scaling) scaler_->unscale(params, *state_->comm);
@@ -10072,6 +10267,7 @@ class Accelerator {
     registry_.state = state_;
     registry_.scaler = scaler_;
     registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
+    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 };
 
