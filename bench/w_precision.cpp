@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,37 +42,41 @@ struct Run {
   std::vector<double> window_ms;  // ms/step of each 10-step window after warm-up
 };
 
-template <class Precision>
-Run train(const workload::Data& d) {
-  accel::Accelerator<accel::backend::SingleDevice, Precision> acc;
-  auto model = workload::make_model();
-  torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
-  auto [m, opt] = acc.prepare(model, sgd);
+/// Runs step(i) (returns the loss of step i) kSteps times, timing windows.
+Run timed(const std::function<torch::Tensor(int)>& step) {
   Run r;
   auto t0 = Clock::now();
   for (int i = 0; i < kSteps; ++i) {
     if (i >= kWarmup && (i - kWarmup) % kWindow == 0) t0 = Clock::now();
-    const int64_t b = i % 100;
-    opt.zero_grad();
-    auto loss = torch::cross_entropy_loss(m(d.x.narrow(0, kBatch * b, kBatch)),
-                                          d.y.narrow(0, kBatch * b, kBatch));
-    acc.backward(loss);
-    opt.step();
-    r.losses.push_back(loss.template item<double>());
+    r.losses.push_back(step(i).item<double>());
     if (i >= kWarmup && (i - kWarmup) % kWindow == kWindow - 1)
       r.window_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / kWindow);
   }
   return r;
 }
 
+template <class Precision>
+Run train(const workload::Data& d) {
+  accel::Accelerator<accel::backend::SingleDevice, Precision> acc;
+  auto model = workload::make_model();
+  torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
+  auto [m, opt] = acc.prepare(model, sgd);
+  return timed([&](int i) {
+    const int64_t b = i % 100;
+    opt.zero_grad();
+    torch::Tensor loss = torch::cross_entropy_loss(m(d.x.narrow(0, kBatch * b, kBatch)),
+                                                   d.y.narrow(0, kBatch * b, kBatch));
+    acc.backward(loss);
+    opt.step();
+    return loss;
+  });
+}
+
 /// The same loop without accel: LibTorch's autocast set by hand around forward.
 Run train_raw_autocast(const workload::Data& d) {
   auto model = workload::make_model();
   torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
-  Run r;
-  auto t0 = Clock::now();
-  for (int i = 0; i < kSteps; ++i) {
-    if (i >= kWarmup && (i - kWarmup) % kWindow == 0) t0 = Clock::now();
+  return timed([&](int i) {
     const int64_t b = i % 100;
     sgd.zero_grad();
     at::autocast::set_cpu_enabled(true);
@@ -82,11 +87,8 @@ Run train_raw_autocast(const workload::Data& d) {
     auto loss = torch::cross_entropy_loss(logits, d.y.narrow(0, kBatch * b, kBatch));
     loss.backward();
     sgd.step();
-    r.losses.push_back(loss.item<double>());
-    if (i >= kWarmup && (i - kWarmup) % kWindow == kWindow - 1)
-      r.window_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / kWindow);
-  }
-  return r;
+    return loss;
+  });
 }
 
 double median(std::vector<double> v) {
