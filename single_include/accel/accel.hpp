@@ -5919,16 +5919,22 @@ class RemoveAtExit {
   std::string path_;
 };
 
-/// Several nodes, master_port 0: node 0 picks a free port on addr and
-/// publishes it in `file` (written beside it, then renamed: readers see all of
-/// it or nothing); every other node waits for the file until `deadline`. A
-/// file left by an earlier launch is replaced by node 0 first.
+/// Several nodes: node 0 takes `preferred` if it is free on addr (0: none),
+/// else a free port, and publishes it in `file` (written beside it, then
+/// renamed: readers see all of it or nothing); every other node waits for the
+/// file until `deadline`. A file left by an earlier launch is replaced.
 inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
-                              std::chrono::steady_clock::time_point deadline) {
+                              std::chrono::steady_clock::time_point deadline, int preferred = 0) {
   namespace fs = std::filesystem;
   constexpr const char* kTag = "accel-rendezvous-port";
   if (node_rank == 0) {
-    const int port = pick_free_port(addr);
+    int port = preferred;
+    if (port != 0) {
+      const int fd = bind_tcp(addr, port);
+      if (fd >= 0) ::close(fd);
+      else port = 0;
+    }
+    if (port == 0) port = pick_free_port(addr);
     const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
     {
       std::ofstream out(tmp, std::ios::trunc);

@@ -117,6 +117,17 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
   } else if (port) {
     p.main_process_port = *port;
     if (hosts) detail::ensure_port_free(p.main_process_ip, *port);
+  } else if (p.num_machines > 1 && f.rdzv_file) {
+    // Unset port, several machines, a shared file: machine 0 uses 29500 when
+    // it is free, else a free port, and the others learn which.
+    p.main_process_port = detail::agree_on_free_port(
+        *f.rdzv_file, p.machine_rank, p.main_process_ip,
+        std::chrono::steady_clock::now() + std::chrono::minutes(30), 29500);
+    if (hosts) p.published_port_file = *f.rdzv_file;
+    if (p.main_process_port != 29500)
+      p.notes.push_back((hosts ? "default port 29500 is in use; chose free port "
+                               : "machine 0 chose port ") +
+                        std::to_string(p.main_process_port) + " (through " + *f.rdzv_file + ")");
   } else {
     p.main_process_port = 29500;
     if (hosts) {
