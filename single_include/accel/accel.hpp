@@ -6802,6 +6802,9 @@ class GradientSync {
   /// gradient), waits for everything in flight: afterwards every gradient on
   /// this rank is the average over ranks.
   virtual void finalize() = 0;
+  /// Before each forward of the prepared model: re-attach what the user may
+  /// have detached since (Module::load replaces gradient accumulators).
+  virtual void before_forward() {}
 };
 
 /// What a sharded model's policy does around the optimizer whose parameters
@@ -6936,6 +6939,7 @@ class PreparedModel {
   /// Calls the module's forward under the precision policy's autocast.
   template <class... A>
   auto operator()(A&&... args) {
+    sync_->before_forward();
     if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
       broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
@@ -8449,12 +8453,77 @@ inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const tor
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/accumulator_hooks.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::AccumulatorHooks: a callback after each
+/// parameter's gradient is accumulated, kept attached across Module::load.
+#ifndef ACCEL_SHARD_DETAIL_ACCUMULATOR_HOOKS_HPP
+#define ACCEL_SHARD_DETAIL_ACCUMULATOR_HOOKS_HPP
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
+
+namespace accel::shard::detail {
+
+/// Post-hooks on the AccumulateGrad nodes of leaf parameters: on_ready(k) runs
+/// once parameter k's gradient has been accumulated in backward. LibTorch
+/// gives a parameter a new accumulator when its storage is replaced (the
+/// user's Module::load after prepare() does Tensor::set_), and the old one,
+/// with the hook, is then never run: gradients would silently stop being
+/// synchronised. refresh() (before every forward of a prepared model) hooks
+/// the parameter's current accumulator when it changed.
+class AccumulatorHooks {
+ public:
+  /// on_ready must not run after its owner is destroyed: hooks check `alive`.
+  AccumulatorHooks(std::vector<torch::Tensor> params, std::function<void(std::size_t)> on_ready,
+                   std::weak_ptr<bool> alive)
+      : params_(std::move(params)), on_ready_(std::move(on_ready)), alive_(std::move(alive)),
+        nodes_(params_.size()) {
+    for (std::size_t k = 0; k < params_.size(); ++k) hook(k);
+  }
+
+  void refresh() {
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      if (torch::autograd::impl::try_get_grad_accumulator(params_[k]) != nodes_[k]) hook(k);
+  }
+
+ private:
+  void hook(std::size_t k) {
+    auto node = torch::autograd::impl::grad_accumulator(params_[k]);
+    ACCEL_CHECK(node, "accel: parameter ", k, " has no gradient accumulator. Give the shard policy "
+                "leaf parameters that require gradients.");
+    node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [on_ready = on_ready_, alive = alive_, k](const torch::autograd::variable_list& outputs,
+                                                  const torch::autograd::variable_list&) {
+          if (auto a = alive.lock(); a && *a) on_ready(k);
+          return outputs;
+        }));
+    nodes_[k] = std::move(node);  // keeps the node (and its hook) alive
+  }
+
+  std::vector<torch::Tensor> params_;
+  std::function<void(std::size_t)> on_ready_;
+  std::weak_ptr<bool> alive_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> nodes_;
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_ACCUMULATOR_HOOKS_HPP
+// end <accel/shard/detail/accumulator_hooks.hpp>
 
 namespace accel::shard::detail {
 
@@ -8473,7 +8542,7 @@ class BucketReducer final : public GradientSync {
                 int64_t bucket_bytes, bool overlap = true)
       : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
-    register_hooks();
+    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -8487,6 +8556,7 @@ class BucketReducer final : public GradientSync {
   }
 
   void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+  void before_forward() override { hooks_->refresh(); }
 
   void finalize() override {
     if (!round_started_) return;
@@ -8571,21 +8641,6 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
-  void register_hooks() {
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-      TORCH_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator");
-      std::weak_ptr<bool> alive = alive_;
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k, alive](const torch::autograd::variable_list& outputs,
-                           const torch::autograd::variable_list&) {
-            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));  // keeps the node (and its hook) alive
-    }
-  }
-
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
     if (ready_[k]) {
@@ -8641,8 +8696,8 @@ class BucketReducer final : public GradientSync {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
   bool overlap_;
@@ -8679,11 +8734,10 @@ class BucketReducer final : public GradientSync {
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 
@@ -8724,7 +8778,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    register_hooks();
+    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   ZeroReducer(const ZeroReducer&) = delete;
   ZeroReducer& operator=(const ZeroReducer&) = delete;
@@ -8737,6 +8791,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   }
 
   void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+  void before_forward() override { hooks_->refresh(); }
 
   void finalize() override {
     reattach_parameters();
@@ -8972,22 +9027,6 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
-  void register_hooks() {
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-      ACCEL_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator. Give the shard "
-                  "policy leaf parameters that require gradients.");
-      std::weak_ptr<bool> alive = alive_;
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k, alive](const torch::autograd::variable_list& outputs,
-                           const torch::autograd::variable_list&) {
-            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));
-    }
-  }
-
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
     if (ready_[k]) finalize();  // a second backward before the step: close the first round
@@ -9051,8 +9090,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   int64_t rounds_ = 0;
   bool enabled_ = true;

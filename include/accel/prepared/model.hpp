@@ -96,6 +96,7 @@ class PreparedModel {
   /// Calls the module's forward under the precision policy's autocast.
   template <class... A>
   auto operator()(A&&... args) {
+    sync_->before_forward();
     if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
       broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);

@@ -3,6 +3,11 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
 #include <catch2/catch.hpp>
 
 namespace {
@@ -102,7 +107,53 @@ void unused_parameter_body() {
   expect(torch::allclose(w[0], w[w.size(0) - 1]), "replicas diverged");
 }
 
+/// The user loads weights into the model after prepare() with LibTorch's own
+/// Module::load (Tensor::set_ on every parameter): gradients must still be
+/// averaged (replicas stay equal) and land in the parameters the optimizer steps.
+template <class Shard>
+void load_after_prepare_body(std::string file) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc;
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [m, opt] = acc.prepare(net, sgd);
+  if (acc.is_main_process()) {
+    torch::manual_seed(5);
+    torch::nn::Sequential other(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+    torch::save(other, file);
+  }
+  acc.wait_for_everyone();
+  torch::load(net, file);
+  std::vector<torch::Tensor> loaded;
+  for (auto& p : net->parameters()) loaded.push_back(p.detach().clone());
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    auto x = torch::ones({2, 4}) * (acc.process_index() + 1) * (step + 1);
+    acc.backward(m(x).pow(2).sum());
+    opt.step();
+  }
+  bool moved = false;
+  const auto params = net->parameters();
+  for (std::size_t i = 0; i < loaded.size(); ++i) {
+    const auto& p = params[i];
+    moved = moved || !torch::equal(p, loaded[i]);
+    auto all = acc.gather(p.detach().reshape({1, -1}));
+    expect(torch::allclose(all[0], all[all.size(0) - 1], 0, 0), "replicas diverged after Module::load");
+  }
+  expect(moved, "the optimizer did not update the loaded parameters");
+}
+
 }  // namespace
+
+TEST_CASE("Module::load after prepare() keeps gradients synchronised", "[parallel][gloo][load]") {
+  const char* base = std::getenv("ACCEL_TEST_TMP");
+  const std::string file = std::string(base ? base : "/tmp") + "/load_after_prepare_" +
+                           std::to_string(::getpid()) + ".pt";
+  REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::Replicate>,
+                                           std::make_tuple(file), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::ShardOptimizer>,
+                                           std::make_tuple(file), procs(2)));
+}
 
 TEST_CASE("collectives on 2 and 3 Gloo processes", "[parallel][gloo][collectives]") {
   REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), procs(2)));

@@ -7,13 +7,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <accel/runtime/communicator.hpp>
+#include <accel/shard/detail/accumulator_hooks.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::shard::detail {
@@ -33,7 +33,7 @@ class BucketReducer final : public GradientSync {
                 int64_t bucket_bytes, bool overlap = true)
       : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
-    register_hooks();
+    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -47,6 +47,7 @@ class BucketReducer final : public GradientSync {
   }
 
   void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+  void before_forward() override { hooks_->refresh(); }
 
   void finalize() override {
     if (!round_started_) return;
@@ -131,21 +132,6 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
-  void register_hooks() {
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-      TORCH_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator");
-      std::weak_ptr<bool> alive = alive_;
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k, alive](const torch::autograd::variable_list& outputs,
-                           const torch::autograd::variable_list&) {
-            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));  // keeps the node (and its hook) alive
-    }
-  }
-
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
     if (ready_[k]) {
@@ -201,8 +187,8 @@ class BucketReducer final : public GradientSync {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
   bool overlap_;

@@ -19,6 +19,9 @@ class GradientSync {
   /// gradient), waits for everything in flight: afterwards every gradient on
   /// this rank is the average over ranks.
   virtual void finalize() = 0;
+  /// Before each forward of the prepared model: re-attach what the user may
+  /// have detached since (Module::load replaces gradient accumulators).
+  virtual void before_forward() {}
 };
 
 /// What a sharded model's policy does around the optimizer whose parameters

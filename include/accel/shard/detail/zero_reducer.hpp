@@ -7,15 +7,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
+#include <accel/shard/detail/accumulator_hooks.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::shard::detail {
@@ -55,7 +55,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    register_hooks();
+    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   ZeroReducer(const ZeroReducer&) = delete;
   ZeroReducer& operator=(const ZeroReducer&) = delete;
@@ -68,6 +68,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   }
 
   void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
+  void before_forward() override { hooks_->refresh(); }
 
   void finalize() override {
     reattach_parameters();
@@ -303,22 +304,6 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
-  void register_hooks() {
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-      ACCEL_CHECK(acc, "accel: parameter ", k, " has no gradient accumulator. Give the shard "
-                  "policy leaf parameters that require gradients.");
-      std::weak_ptr<bool> alive = alive_;
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k, alive](const torch::autograd::variable_list& outputs,
-                           const torch::autograd::variable_list&) {
-            if (auto a = alive.lock(); a && *a) on_grad_ready(k);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));
-    }
-  }
-
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
     if (ready_[k]) finalize();  // a second backward before the step: close the first round
@@ -382,8 +367,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   int64_t rounds_ = 0;
   bool enabled_ = true;
