@@ -4912,6 +4912,40 @@ inline std::string list(const std::vector<std::string>& items) {
   return "[" + out + "]";
 }
 
+/// Throws accel::Error, before anything is copied, when `loaded` and the
+/// module's state `targets` differ: every missing, unexpected and mismatched
+/// (shape or dtype) key listed. `what` names the module in the mismatches
+/// ("model", "module"), `into` in the message ("the prepared model", ...).
+inline void check_state_matches(const NamedTensors& loaded, const NamedTensors& targets,
+                                const std::string& source, std::string_view what,
+                                std::string_view into) {
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [key, target] : targets) {
+    expected.insert(key);
+    const auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream why;
+      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes() << ", "
+          << what << " " << target.scalar_type() << target.sizes() << ")";
+      mismatched.push_back(why.str());
+    }
+  }
+  for (const auto& entry : loaded)
+    if (expected.count(entry.first) == 0) unexpected.push_back(entry.first);
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
+  std::string problem;
+  if (!missing.empty()) problem += "; missing keys " + list(missing);
+  if (!unexpected.empty()) problem += "; unexpected keys " + list(unexpected);
+  if (!mismatched.empty()) problem += "; mismatched keys " + list(mismatched);
+  throw Error("accel: cannot load '" + source + "' into " + std::string(into) + problem +
+              ". Nothing was loaded: load a checkpoint saved from the same model.");
+}
+
 }  // namespace detail
 
 /// Every tensor of a checkpoint: a directory (holding model.safetensors or
@@ -4987,33 +5021,9 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
 /// is copied: the module is then left as it was.
 inline void load_module(torch::nn::Module& module, const std::filesystem::path& dir_or_file) {
   const NamedTensors loaded = load_checkpoint(dir_or_file);
-  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
   const NamedTensors targets = module_state(module);
-  std::vector<std::string> missing, unexpected, mismatched;
-  std::set<std::string> expected;
-  for (const auto& [key, target] : targets) {
-    expected.insert(key);
-    const auto it = by_name.find(key);
-    if (it == by_name.end()) {
-      missing.push_back(key);
-    } else if (it->second.sizes() != target.sizes() ||
-               it->second.scalar_type() != target.scalar_type()) {
-      std::ostringstream why;
-      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes()
-          << ", module " << target.scalar_type() << target.sizes() << ")";
-      mismatched.push_back(why.str());
-    }
-  }
-  for (const auto& [key, tensor] : loaded)
-    if (expected.count(key) == 0) unexpected.push_back(key);
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-    std::string problem;
-    if (!missing.empty()) problem += "; missing keys " + detail::list(missing);
-    if (!unexpected.empty()) problem += "; unexpected keys " + detail::list(unexpected);
-    if (!mismatched.empty()) problem += "; mismatched keys " + detail::list(mismatched);
-    throw Error("accel: cannot load '" + dir_or_file.string() + "' into the module" + problem +
-                ". Nothing was loaded: load a checkpoint saved from the same model.");
-  }
+  detail::check_state_matches(loaded, targets, dir_or_file.string(), "module", "the module");
+  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
   torch::NoGradGuard no_grad;
   for (const auto& [key, target] : targets) {
     torch::Tensor t = target;  // shares the module's tensor
@@ -7946,9 +7956,7 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
 #define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 
 
-#include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -7960,31 +7968,7 @@ namespace accel::checkpoint::detail {
 /// lists every offending key.
 inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
                         const fs::path& source) {
-  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
-  std::vector<std::string> missing, unexpected, mismatched;
-  std::set<std::string> expected;
-  for (const auto& [key, target] : module_state(module)) {
-    expected.insert(key);
-    const auto it = by_name.find(key);
-    if (it == by_name.end()) {
-      missing.push_back(key);
-    } else if (it->second.sizes() != target.sizes() ||
-               it->second.scalar_type() != target.scalar_type()) {
-      std::ostringstream why;
-      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes() << ", model "
-          << target.scalar_type() << target.sizes() << ")";
-      mismatched.push_back(why.str());
-    }
-  }
-  for (const auto& entry : loaded)
-    if (expected.count(entry.first) == 0) unexpected.push_back(entry.first);
-  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
-  std::string problem;
-  if (!missing.empty()) problem += "; missing keys " + list(missing);
-  if (!unexpected.empty()) problem += "; unexpected keys " + list(unexpected);
-  if (!mismatched.empty()) problem += "; mismatched keys " + list(mismatched);
-  throw Error("accel: cannot load '" + source.string() + "' into the prepared model" + problem +
-              ". Nothing was loaded: load a checkpoint saved from the same model.");
+  check_state_matches(loaded, module_state(module), source.string(), "model", "the prepared model");
 }
 
 inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,

@@ -6,9 +6,7 @@
 
 #include <accel/checkpoint/detail/state_layout.hpp>
 
-#include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,31 +18,7 @@ namespace accel::checkpoint::detail {
 /// lists every offending key.
 inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
                         const fs::path& source) {
-  std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
-  std::vector<std::string> missing, unexpected, mismatched;
-  std::set<std::string> expected;
-  for (const auto& [key, target] : module_state(module)) {
-    expected.insert(key);
-    const auto it = by_name.find(key);
-    if (it == by_name.end()) {
-      missing.push_back(key);
-    } else if (it->second.sizes() != target.sizes() ||
-               it->second.scalar_type() != target.scalar_type()) {
-      std::ostringstream why;
-      why << key << " (checkpoint " << it->second.scalar_type() << it->second.sizes() << ", model "
-          << target.scalar_type() << target.sizes() << ")";
-      mismatched.push_back(why.str());
-    }
-  }
-  for (const auto& entry : loaded)
-    if (expected.count(entry.first) == 0) unexpected.push_back(entry.first);
-  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
-  std::string problem;
-  if (!missing.empty()) problem += "; missing keys " + list(missing);
-  if (!unexpected.empty()) problem += "; unexpected keys " + list(unexpected);
-  if (!mismatched.empty()) problem += "; mismatched keys " + list(mismatched);
-  throw Error("accel: cannot load '" + source.string() + "' into the prepared model" + problem +
-              ". Nothing was loaded: load a checkpoint saved from the same model.");
+  check_state_matches(loaded, module_state(module), source.string(), "model", "the prepared model");
 }
 
 inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,
