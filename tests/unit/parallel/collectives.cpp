@@ -3,12 +3,11 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <string>
 
 #include <catch2/catch.hpp>
+
+#include "scratch.hpp"
 
 namespace {
 
@@ -146,9 +145,7 @@ void load_after_prepare_body(std::string file) {
 }  // namespace
 
 TEST_CASE("Module::load after prepare() keeps gradients synchronised", "[parallel][gloo][load]") {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  const std::string file = std::string(base ? base : "/tmp") + "/load_after_prepare_" +
-                           std::to_string(::getpid()) + ".pt";
+  const std::string file = test_support::scratch("parallel", "load_after_prepare").string() + ".pt";
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::Replicate>,
                                            std::make_tuple(file), procs(2)));
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::ShardOptimizer>,

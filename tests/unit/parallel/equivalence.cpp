@@ -12,18 +12,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "scratch.hpp"
 #include "workload.hpp"
 
 namespace {
 
-std::filesystem::path scratch(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  auto dir = std::filesystem::path(base ? base : "/tmp") / "parallel";
-  std::filesystem::create_directories(dir);
-  auto p = dir / (name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(p);
-  return p;
-}
+std::filesystem::path scratch(const std::string& name) { return test_support::scratch("parallel", name); }
 
 /// W through accel: `micro_steps` loader batches of `per_rank_batch` rows per
 /// rank; rank r writes its final parameters to out_r.pt. overlap: -1 lets

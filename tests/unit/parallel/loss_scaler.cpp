@@ -6,11 +6,11 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
-#include <cstdlib>
-#include <filesystem>
 #include <limits>
 
 #include <catch2/catch.hpp>
+
+#include "scratch.hpp"
 
 namespace {
 
@@ -51,13 +51,6 @@ void train_step(Acc& acc, M& model, O& opt, S& sched, int step, int rank, bool p
   opt.step();
   sched.step();
   opt.zero_grad();
-}
-
-std::filesystem::path scratch(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  auto dir = std::filesystem::path(base ? base : "/tmp") / "parallel";
-  std::filesystem::create_directories(dir);
-  return dir / (name + "_" + std::to_string(::getpid()) + ".pt");
 }
 
 }  // namespace
@@ -188,7 +181,7 @@ void two_rank_body(std::string out) {
 
 template <class Shard>
 void check_two_ranks(const std::string& name) {
-  const auto out = scratch(name).string();
+  const auto out = test_support::scratch("parallel", name).string();
   accel::LaunchOptions lo;
   lo.num_processes = 2;
   lo.master_port = 0;
