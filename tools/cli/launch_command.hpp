@@ -99,35 +99,32 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
                       " is not a port. Use 1-65535, or 0 to let accel choose.");
   // Only the main machine hosts the rendezvous, so only it can check the port.
   const bool hosts = p.machine_rank == 0;
-  if (port && *port == 0 && p.num_machines > 1) {
-    if (!f.rdzv_file)
-      throw ConfigError("accel: --main_process_port 0 with several machines needs --rdzv_file "
-                        "PATH on a filesystem all machines share, through which machine 0 tells "
-                        "the others the port it chose. Or pass the same fixed port to every "
-                        "machine.");
+  if (port && *port == 0 && p.num_machines > 1 && !f.rdzv_file)
+    throw ConfigError("accel: --main_process_port 0 with several machines needs --rdzv_file "
+                      "PATH on a filesystem all machines share, through which machine 0 tells "
+                      "the others the port it chose. Or pass the same fixed port to every "
+                      "machine.");
+  if (p.num_machines > 1 && f.rdzv_file && (!port || *port == 0)) {
+    // Machine 0 takes a free port (port 0) or the default 29500 if it is free
+    // (no port given), and the others learn which through the shared file.
+    const int preferred = port ? 0 : 29500;
     p.main_process_port = detail::agree_on_free_port(
         *f.rdzv_file, p.machine_rank, p.main_process_ip,
-        std::chrono::steady_clock::now() + std::chrono::minutes(30));
+        std::chrono::steady_clock::now() + std::chrono::minutes(30), preferred);
     if (hosts) p.published_port_file = *f.rdzv_file;
-    p.notes.push_back((hosts ? "chose free port " : "machine 0 chose port ") +
-                      std::to_string(p.main_process_port) + " (through " + *f.rdzv_file + ")");
+    if (p.main_process_port != preferred) {
+      const std::string what = !hosts     ? "machine 0 chose port "
+                               : preferred ? "default port 29500 is in use; chose free port "
+                                           : "chose free port ";
+      p.notes.push_back(what + std::to_string(p.main_process_port) + " (through " +
+                        *f.rdzv_file + ")");
+    }
   } else if (port && *port == 0) {
     p.main_process_port = detail::pick_free_port(p.main_process_ip);
     p.notes.push_back("using free port " + std::to_string(p.main_process_port));
   } else if (port) {
     p.main_process_port = *port;
     if (hosts) detail::ensure_port_free(p.main_process_ip, *port);
-  } else if (p.num_machines > 1 && f.rdzv_file) {
-    // Unset port, several machines, a shared file: machine 0 uses 29500 when
-    // it is free, else a free port, and the others learn which.
-    p.main_process_port = detail::agree_on_free_port(
-        *f.rdzv_file, p.machine_rank, p.main_process_ip,
-        std::chrono::steady_clock::now() + std::chrono::minutes(30), 29500);
-    if (hosts) p.published_port_file = *f.rdzv_file;
-    if (p.main_process_port != 29500)
-      p.notes.push_back((hosts ? "default port 29500 is in use; chose free port "
-                               : "machine 0 chose port ") +
-                        std::to_string(p.main_process_port) + " (through " + *f.rdzv_file + ")");
   } else {
     p.main_process_port = 29500;
     if (hosts) {
