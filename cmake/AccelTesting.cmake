@@ -10,7 +10,7 @@ function(accel_add_compile_fail_test)
   target_link_libraries(${_target} PRIVATE accel::accel)
   if(TARGET accel_test_pch)
     target_precompile_headers(${_target} REUSE_FROM accel_test_pch)
-    target_link_libraries(${_target} PRIVATE Catch2::Catch2)
+    target_link_libraries(${_target} PRIVATE accel_test_catch)
   endif()
   add_test(NAME compile_fail.${A_NAME}
     COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${CMAKE_BINARY_DIR} -DTARGET=${_target}

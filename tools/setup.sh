@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages accel needs that are missing (idempotent: a
-# second run installs nothing). Usage: tools/setup.sh [--bench]
+# second run installs nothing). Debian 12 (LibTorch 1.13) and Debian 13
+# (LibTorch 2.6, see tools/test-libtorch2.sh). Usage: tools/setup.sh [--bench]
 #   --bench  also Debian's python3-torch (PyTorch's own DDP, for bench/)
 set -euo pipefail
+codename=$( (. /etc/os-release && echo "${VERSION_CODENAME:-}") 2>/dev/null || true)
+case "$codename" in
+  trixie) clang_rt=libclang-rt-19-dev ;;  # Debian 13: clang 19
+  *) clang_rt=libclang-rt-14-dev ;;       # Debian 12: clang 14
+esac
 packages=(
-  build-essential cmake ninja-build ccache python3 clang libclang-rt-14-dev
-  libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) with c10d; Gloo's headers
+  build-essential cmake ninja-build ccache python3 clang "$clang_rt"
+  libtorch-dev libgloo-dev            # LibTorch (CPU) with c10d: 1.13 on Debian 12, 2.6 on 13; Gloo's headers
   libopenblas0-pthread                # without it LibTorch falls back to the slow reference BLAS
   libopenmpi-dev openmpi-bin          # backend::Mpi
   libboost-dev catch2 nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libstb-dev libfmt-dev

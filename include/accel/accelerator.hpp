@@ -440,8 +440,7 @@ class Accelerator {
 
   void install_loss_scaler() {
     scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
-    scaler_->set_comm_device(state_->comm->backend_name() == "Nccl" ? state_->device
-                                                                    : torch::Device(torch::kCPU));
+    scaler_->set_comm_device(state_->comm->device());
     std::weak_ptr<precision::LossScaler> weak = scaler_;
     auto comm = state_->comm;
     state_->before_step = [weak, comm](torch::optim::Optimizer& opt) {

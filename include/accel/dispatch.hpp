@@ -66,20 +66,6 @@ struct PolicyChoice {
 
 namespace detail {
 
-template <class B>
-constexpr std::string_view choice_name_of_backend() {
-  if constexpr (std::is_same_v<B, backend::SingleDevice>) return "single";
-  else if constexpr (std::is_same_v<B, backend::Gloo>) return "gloo";
-  else if constexpr (std::is_same_v<B, backend::Mpi>) return "mpi";
-  else return "nccl";
-}
-template <class S>
-constexpr std::string_view choice_name_of_shard() {
-  if constexpr (std::is_same_v<S, shard::Replicate>) return "replicate";
-  else if constexpr (std::is_same_v<S, shard::ShardOptimizer>) return "shard_optimizer";
-  else return "shard_gradients";
-}
-
 /// Valid without firing the diagnostics: what check_accelerator_policies
 /// accepts, for use as a filter.
 template <class B, class P, class S>
@@ -134,8 +120,8 @@ void dispatch_accelerator(const PolicyChoice& choice, F&& fn, AcceleratorOptions
     using B = typename decltype(+hana::at_c<0>(combo))::type;
     using P = typename decltype(+hana::at_c<1>(combo))::type;
     using S = typename decltype(+hana::at_c<2>(combo))::type;
-    const auto b = detail::choice_name_of_backend<B>();
-    const auto s = detail::choice_name_of_shard<S>();
+    const auto b = B::config_name;
+    const auto s = S::config_name;
     available << "\n  backend=" << b << " precision=" << P::name << " shard=" << s;
     if (called || choice.backend != b || choice.precision != P::name || choice.shard != s) return;
     called = true;

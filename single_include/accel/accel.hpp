@@ -307,9 +307,11 @@ inline void set_seed(uint64_t seed, bool device_specific = false) {
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include <torch/torch.h>
+
 
 namespace accel::runtime {
 
@@ -339,7 +341,12 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// The backend policy's name: "Gloo", "Mpi", "Nccl" (backend::X::name), or "Local".
   virtual std::string_view backend_name() const = 0;
+  /// Where this communicator's collectives take tensors without a copy: the
+  /// CPU for Gloo, MPI and Local, the process's CUDA device for NCCL. Helper
+  /// tensors (sizes, flags) that feed a collective are made here.
+  virtual torch::Device device() const = 0;
 
   /// In place: every rank ends with the reduction of everyone's `tensor`.
   virtual std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
@@ -356,12 +363,37 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+namespace detail {
+
+/// Every backend's argument checks, one message each: a defined contiguous
+/// tensor, and the size rule of all_gather / reduce_scatter.
+inline void check_dense(std::string_view backend, const char* op, const torch::Tensor& t) {
+  ACCEL_CHECK(t.defined() && t.is_contiguous(), "accel: ", backend, " ", op,
+              " needs a defined, contiguous tensor. Call .contiguous() first.");
+}
+/// all_gather: `whole` is the output, `part` the input; reduce_scatter: the reverse.
+inline void check_world_multiple(const char* op, const torch::Tensor& whole,
+                                 const torch::Tensor& part, int world_size) {
+  const bool gather = std::string_view(op) == "all_gather";
+  const char* whole_name = gather ? "output" : "input";
+  ACCEL_CHECK(whole.scalar_type() == part.scalar_type(), "accel: ", op, " output is ",
+              (gather ? whole : part).scalar_type(), " but the input is ",
+              (gather ? part : whole).scalar_type(), ". Give both the same dtype.");
+  ACCEL_CHECK(whole.numel() == part.numel() * world_size, "accel: ", op, " ", whole_name, " has ",
+              whole.numel(), " elements, expected world size ", world_size, " x ", part.numel(),
+              ". Give an ", whole_name, " of size() * ", gather ? "input" : "output",
+              ".numel() elements.");
+}
+
+}  // namespace detail
+
 /// The communicator of a single process: every collective is the identity.
 class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string_view backend_name() const override { return "local"; }
+  std::string_view backend_name() const override { return "Local"; }
+  torch::Device device() const override { return torch::kCPU; }
   std::shared_ptr<Work> all_reduce(torch::Tensor&, ReduceOp) override { return done(); }
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     output.view(-1).copy_(input.reshape(-1));
@@ -386,7 +418,7 @@ class LocalCommunicator final : public Communicator {
 // begin <accel/runtime/gloo_communicator.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::GlooCommunicator and make_gloo_communicator:
-/// the Communicator over PyTorch's c10d ProcessGroupGloo (CPU tensors).
+/// the Communicator over PyTorch's c10d ProcessGroupGloo (CPU and CUDA tensors).
 #ifndef ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
 #define ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
 
@@ -406,6 +438,244 @@ class LocalCommunicator final : public Communicator {
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+// begin <accel/detail/torch_version.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file The one place that knows LibTorch versions: ACCEL_TORCH_AT_LEAST(major, minor).
+/// accel builds against LibTorch 1.13 (Debian 12) and 2.x (2.6 on Debian 13,
+/// both in CI); code that differs between them tests this macro, nothing else.
+#ifndef ACCEL_DETAIL_TORCH_VERSION_HPP
+#define ACCEL_DETAIL_TORCH_VERSION_HPP
+
+#include <torch/version.h>
+
+#define ACCEL_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#endif  // ACCEL_DETAIL_TORCH_VERSION_HPP
+// end <accel/detail/torch_version.hpp>
+// begin <accel/runtime/c10d_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::C10dCommunicator: the one Communicator over a
+/// PyTorch c10d process group, shared by Gloo and NCCL (error translation,
+/// timeouts, work handles, host staging, the collectives both run alike).
+#ifndef ACCEL_RUNTIME_C10D_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_C10D_COMMUNICATOR_HPP
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+
+namespace accel::runtime {
+
+namespace detail {
+
+// What ProcessGroupGloo and ProcessGroupNCCL derive from: c10d::ProcessGroup
+// in LibTorch 1.13, c10d::Backend from 2.0 on. Both declare the collectives
+// used here as virtual members.
+#if ACCEL_TORCH_AT_LEAST(2, 0)
+using C10dGroup = c10d::Backend;
+#else
+using C10dGroup = c10d::ProcessGroup;
+#endif
+
+inline c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Sum: break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+/// Names the op and the rank, keeps c10d's first line, says what to do.
+[[noreturn]] inline void rethrow_collective_error(const std::exception& e, std::string_view backend,
+                                                  std::string_view op, int rank, int size,
+                                                  std::chrono::milliseconds timeout) {
+  std::string msg = e.what();
+  msg = msg.substr(0, msg.find('\n'));
+  const std::string head = "accel: " + std::string(backend) + " " + std::string(op) +
+                           " failed on rank " + std::to_string(rank) + " of " +
+                           std::to_string(size) + ": ";
+  if (msg.find("imed out") != std::string::npos || msg.find("timeout") != std::string::npos)
+    throw TimeoutError(head + msg + " (timeout " + std::to_string(timeout.count()) +
+                       " ms). Another rank did not reach the same collective: check that every "
+                       "rank calls the collectives in the same order, or raise the timeout.");
+  throw Error(head + msg +
+              ". A peer process probably exited or crashed: look at the other ranks' errors.");
+}
+
+/// A c10d work plus what must happen after it (copy out of a temporary or a
+/// host staging buffer); wait() honours the timeout and names the backend and op.
+class C10dWork final : public Work {
+ public:
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string_view backend, std::string op, int rank,
+           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
+      : work_(std::move(work)), backend_(backend), op_(std::move(op)), rank_(rank), size_(size),
+        timeout_(timeout), then_(std::move(then)) {}
+
+  void wait() override {
+    if (done_) return;
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
+    }
+    if (then_) then_();
+    done_ = true;
+  }
+
+  bool is_completed() override { return done_ || work_->isCompleted(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string_view backend_;
+  std::string op_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> then_;
+  bool done_ = false;
+};
+
+}  // namespace detail
+
+/// How a C10dCommunicator treats a tensor that is not on its device().
+enum class Staging {
+  Refuse,        ///< an error naming the device (NCCL: tensors must be on the GPU)
+  ThroughHost,   ///< copied to device() before, and back after the collective (Gloo)
+  Always,        ///< every tensor goes through a copy, native ones too (tests of the path)
+};
+
+/// The Communicator over a c10d process group. Derived classes create the
+/// group (set_group) and may replace the collectives their backend runs
+/// differently (LibTorch 1.13's Gloo has no flat all_gather or reduce_scatter).
+class C10dCommunicator : public Communicator {
+ public:
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend_name() const override { return name_; }
+  torch::Device device() const override { return device_; }
+
+  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
+    auto io = stage(tensor, "all_reduce", true);
+    std::vector<at::Tensor> ts{io};
+    c10d::AllreduceOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    return launch("all_reduce", [&] { return group_->allreduce(ts, o); }, unstage(tensor, io));
+  }
+
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    runtime::detail::check_world_multiple("all_gather", output, input, size_);
+    auto in = stage(input, "all_gather", true).reshape(-1);
+    auto out = stage(output, "all_gather", false);
+    auto flat = out.view(-1);
+    return launch("all_gather", [&] { return group_->_allgather_base(flat, in); },
+                  unstage(output, out));
+  }
+
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op = ReduceOp::Sum) override {
+    runtime::detail::check_world_multiple("reduce_scatter", input, output, size_);
+    auto in = stage(input, "reduce_scatter", true).reshape(-1);
+    auto out = stage(output, "reduce_scatter", false);
+    auto flat = out.view(-1);
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = detail::to_c10d(op);
+    o.timeout = timeout_;
+    return launch("reduce_scatter", [&] { return group_->_reduce_scatter_base(flat, in, o); },
+                  unstage(output, out));
+  }
+
+  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
+    ACCEL_CHECK(src >= 0 && src < size_, "accel: broadcast from rank ", src,
+                " but the world size is ", size_, ". Give a source rank in [0, size()).");
+    auto io = stage(tensor, "broadcast", true);
+    std::vector<at::Tensor> ts{io};
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    o.timeout = timeout_;
+    return launch("broadcast", [&] { return group_->broadcast(ts, o); }, unstage(tensor, io));
+  }
+
+  void barrier() override {
+    c10d::BarrierOptions o;
+    o.timeout = timeout_;
+    launch("barrier", [&] { return group_->barrier(o); })->wait();
+  }
+
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+ protected:
+  C10dCommunicator(std::string_view name, c10::intrusive_ptr<c10d::Store> store,
+                   const ProcessEnv& env, torch::Device device, Staging staging,
+                   std::chrono::milliseconds timeout)
+      : name_(name), store_(std::move(store)), rank_(env.rank), size_(env.world_size),
+        device_(device), staging_(staging), timeout_(timeout) {}
+
+  /// Creates the group inside accel's error translation ("rendezvous" errors).
+  template <class Make>
+  void make_group(Make&& make) {
+    try {
+      group_ = make();
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, name_, "rendezvous", rank_, size_, timeout_);
+    }
+  }
+
+  /// The tensor the collective works on: `t` itself when it is on device(),
+  /// else a copy there (with `copy_in`, holding t's values) when this
+  /// communicator stages, else an error.
+  torch::Tensor stage(const torch::Tensor& t, const char* op, bool copy_in) const {
+    runtime::detail::check_dense(name_, op, t);
+    const bool native = t.device() == device_;
+    if (native && staging_ != Staging::Always) return t;
+    ACCEL_CHECK(native || staging_ != Staging::Refuse, "accel: ", name_, " ", op,
+                " needs a tensor on ", device_, ", not ", t.device(),
+                ". Move it with .to(accelerator.device()).");
+    return copy_in ? t.to(device_, /*non_blocking=*/false, /*copy=*/true)
+                   : torch::empty(t.sizes(), t.options().device(device_));
+  }
+  /// After the collective: the result copied back from a staging buffer.
+  static std::function<void()> unstage(const torch::Tensor& dst, const torch::Tensor& io) {
+    if (io.is_same(dst)) return {};
+    return [dst, io]() mutable { dst.copy_(io); };
+  }
+
+  template <class Start>
+  std::shared_ptr<Work> launch(const char* op, Start&& start, std::function<void()> then = {}) {
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = start();
+    } catch (const std::exception& e) {
+      detail::rethrow_collective_error(e, name_, op, rank_, size_, timeout_);
+    }
+    return std::make_shared<detail::C10dWork>(std::move(w), name_, op, rank_, size_, timeout_,
+                                              std::move(then));
+  }
+
+  std::string_view name_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  torch::Device device_;
+  Staging staging_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<detail::C10dGroup> group_;
+};
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_C10D_COMMUNICATOR_HPP
+// end <accel/runtime/c10d_communicator.hpp>
 // begin <accel/runtime/store.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::make_store: the rendezvous key-value store
@@ -489,6 +759,12 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
   opts.waitWorkers = true;
   opts.timeout = options.timeout;
+#if ACCEL_TORCH_AT_LEAST(2, 4)
+  // From 2.4 TCPStore defaults to a libuv server, which Debian's and other
+  // source builds of LibTorch lack ("use_libuv was requested but PyTorch was
+  // build without libuv support"); the classic server is in every build.
+  opts.useLibUV = false;
+#endif
   try {
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
@@ -511,34 +787,12 @@ struct GlooOptions {
   std::optional<std::string> file_store;
   /// Gloo worker threads (collectives that may run at the same time).
   int threads = 2;
+  /// Copy every tensor through a host buffer, CPU tensors too: the path CUDA
+  /// tensors take, made testable on a machine without a GPU.
+  bool stage_always = false;
 };
 
 namespace detail {
-
-inline c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Max: return c10d::ReduceOp::MAX;
-    case ReduceOp::Min: return c10d::ReduceOp::MIN;
-    case ReduceOp::Sum: break;
-  }
-  return c10d::ReduceOp::SUM;
-}
-
-/// Names the op and the rank, keeps c10d's first line, says what to do.
-[[noreturn]] inline void rethrow_collective_error(const std::exception& e, const std::string& backend,
-                                                  const std::string& op, int rank, int size,
-                                                  std::chrono::milliseconds timeout) {
-  std::string msg = e.what();
-  msg = msg.substr(0, msg.find('\n'));
-  const std::string head = "accel: " + backend + " " + op + " failed on rank " +
-                           std::to_string(rank) + " of " + std::to_string(size) + ": ";
-  if (msg.find("imed out") != std::string::npos || msg.find("timeout") != std::string::npos)
-    throw TimeoutError(head + msg + " (timeout " + std::to_string(timeout.count()) +
-                       " ms). Another rank did not reach the same collective: check that every "
-                       "rank calls the collectives in the same order, or raise the timeout.");
-  throw Error(head + msg +
-              ". A peer process probably exited or crashed: look at the other ranks' errors.");
-}
 
 inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const ProcessEnv& env) {
   if (auto ifname = getenv_str("GLOO_SOCKET_IFNAME"))
@@ -551,153 +805,67 @@ inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const Process
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-/// A c10d work (Gloo or NCCL) plus what must happen after it (copy out of a
-/// temporary); wait() honours the timeout and names the backend and op.
-class C10dWork final : public Work {
- public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string backend, std::string op, int rank,
-           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
-      : work_(std::move(work)), backend_(std::move(backend)), op_(std::move(op)), rank_(rank),
-        size_(size), timeout_(timeout), then_(std::move(then)) {}
-
-  void wait() override {
-    if (done_) return;
-    try {
-      work_->wait(timeout_);
-    } catch (const std::exception& e) {
-      rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
-    }
-    if (then_) then_();
-    done_ = true;
-  }
-
-  bool is_completed() override { return done_ || work_->isCompleted(); }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string backend_, op_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  std::function<void()> then_;
-  bool done_ = false;
-};
-
 }  // namespace detail
 
-/// Communicator over c10d::ProcessGroupGloo. Tensors must be dense,
-/// contiguous CPU tensors (Gloo's CUDA path is not used by accel).
-class GlooCommunicator final : public Communicator {
+/// Communicator over c10d::ProcessGroupGloo. Gloo reduces in host memory:
+/// CPU tensors are used in place, CUDA tensors (backend::Gloo on a GPU
+/// machine) are copied to a host buffer and back around each collective.
+class GlooCommunicator final : public C10dCommunicator {
  public:
+  static constexpr std::string_view name = "Gloo";
+
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env, GlooOptions options)
-      : store_(std::move(store)), rank_(env.rank), size_(env.world_size), timeout_(options.timeout) {
+      : C10dCommunicator(name, std::move(store), env, torch::kCPU,
+                         options.stage_always ? Staging::Always : Staging::ThroughHost,
+                         options.timeout) {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(detail::make_gloo_device(env));
     opts->threads = options.threads;
-    try {
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts);
-    } catch (const std::exception& e) {
-      detail::rethrow_collective_error(e, "gloo", "rendezvous", rank_, size_, timeout_);
-    }
+    make_group([&] { return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts); });
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string_view backend_name() const override { return "gloo"; }
-
-  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
-    check(tensor, "all_reduce");
-    std::vector<at::Tensor> ts{tensor};
-    c10d::AllreduceOptions o;
-    o.reduceOp = detail::to_c10d(op);
-    o.timeout = timeout_;
-    return launch("all_reduce", [&] { return pg_->allreduce(ts, o); });
-  }
-
-  /// Gloo's allgather into per-rank views of `output` (LibTorch 1.13's Gloo
-  /// has no _allgather_base); Gloo gathers into its own flat buffer and
-  /// copies into the views: one extra copy of the output.
+#if !ACCEL_TORCH_AT_LEAST(2, 6)
+  /// LibTorch before 2.6: Gloo has no flat all_gather (_allgather_base).
+  /// Gloo gathers into per-rank views of `output` through its own flat
+  /// buffer: one extra copy of the output.
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
-    check(input, "all_gather");
-    check(output, "all_gather");
-    const auto n = input.numel();
-    ACCEL_CHECK(output.numel() == n * size_, "accel: all_gather output has ", output.numel(),
-                " elements, expected world size ", size_, " x ", n,
-                ". Allocate the output with size() * input.numel() elements.");
+    runtime::detail::check_world_multiple("all_gather", output, input, size_);
+    auto in = stage(input, "all_gather", true);
+    auto out = stage(output, "all_gather", false);
+    const auto n = in.numel();
     std::vector<std::vector<at::Tensor>> outs(1);
-    auto flat = output.view(-1);
-    for (int r = 0; r < size_; ++r) outs[0].push_back(flat.narrow(0, r * n, n).view(input.sizes()));
-    std::vector<at::Tensor> ins{input};
+    auto flat = out.view(-1);
+    for (int r = 0; r < size_; ++r) outs[0].push_back(flat.narrow(0, r * n, n).view(in.sizes()));
+    std::vector<at::Tensor> ins{in};
     c10d::AllgatherOptions o;
     o.timeout = timeout_;
-    return launch("all_gather", [&] { return pg_->allgather(outs, ins, o); });
+    return launch("all_gather", [&] { return group_->allgather(outs, ins, o); },
+                  unstage(output, out));
   }
 
-  /// LibTorch 1.13's Gloo has no reduce_scatter: all-reduce a copy of the
-  /// input and keep this rank's chunk. Costs one copy of the input and about
-  /// twice the traffic of a true reduce-scatter (an all-reduce is a
-  /// reduce-scatter followed by an all-gather).
+  /// LibTorch before 2.6: Gloo has no reduce_scatter. All-reduce a copy of
+  /// the input and keep this rank's chunk: one copy of the input and about
+  /// twice the traffic of a true reduce-scatter.
   std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
                                        ReduceOp op = ReduceOp::Sum) override {
-    check(input, "reduce_scatter");
-    check(output, "reduce_scatter");
-    const auto n = output.numel();
-    ACCEL_CHECK(input.numel() == n * size_, "accel: reduce_scatter input has ", input.numel(),
-                " elements, expected world size ", size_, " x ", n,
-                ". Give an input with size() * output.numel() elements.");
-    std::vector<at::Tensor> ts{input.reshape(-1).clone()};
+    runtime::detail::check_world_multiple("reduce_scatter", input, output, size_);
+    runtime::detail::check_dense(name_, "reduce_scatter", output);
+    std::vector<at::Tensor> ts{stage(input, "reduce_scatter", true).reshape(-1).clone()};
     c10d::AllreduceOptions o;
-    o.reduceOp = detail::to_c10d(op);
+    o.reduceOp = runtime::detail::to_c10d(op);
     o.timeout = timeout_;
-    auto tmp = ts[0];
-    auto out = output;
-    const int r = rank_;
-    return launch("reduce_scatter", [&] { return pg_->allreduce(ts, o); },
-                  [tmp, out, r, n]() mutable { out.view(-1).copy_(tmp.narrow(0, r * n, n)); });
+    const auto n = output.numel();
+    return launch("reduce_scatter", [&] { return group_->allreduce(ts, o); },
+                  [tmp = ts[0], out = output, r = rank_, n]() mutable {
+                    out.view(-1).copy_(tmp.narrow(0, r * n, n));
+                  });
   }
-
-  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
-    check(tensor, "broadcast");
-    ACCEL_CHECK(src >= 0 && src < size_, "accel: broadcast from rank ", src,
-                " but the world size is ", size_, ". Give a source rank in [0, size()).");
-    std::vector<at::Tensor> ts{tensor};
-    c10d::BroadcastOptions o;
-    o.rootRank = src;
-    o.timeout = timeout_;
-    return launch("broadcast", [&] { return pg_->broadcast(ts, o); });
-  }
-
-  void barrier() override {
-    c10d::BarrierOptions o;
-    o.timeout = timeout_;
-    launch("barrier", [&] { return pg_->barrier(o); })->wait();
-  }
+#endif
 
   /// The underlying process group (for benchmarks and advanced use).
-  const c10::intrusive_ptr<c10d::ProcessGroupGloo>& process_group() const { return pg_; }
-  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
-
- private:
-  void check(const torch::Tensor& t, const char* op) const {
-    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "accel: gloo ", op,
-                " needs a defined, contiguous CPU tensor. Call .contiguous().cpu() first.");
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group() const {
+    return c10::static_intrusive_pointer_cast<c10d::ProcessGroupGloo>(group_);
   }
-
-  template <class Start>
-  std::shared_ptr<Work> launch(const char* op, Start&& start, std::function<void()> then = {}) {
-    c10::intrusive_ptr<c10d::Work> w;
-    try {
-      w = start();
-    } catch (const std::exception& e) {
-      detail::rethrow_collective_error(e, "gloo", op, rank_, size_, timeout_);
-    }
-    return std::make_shared<detail::C10dWork>(std::move(w), "gloo", op, rank_, size_, timeout_,
-                                              std::move(then));
-  }
-
-  c10::intrusive_ptr<c10d::Store> store_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };
 
 /// Gloo communicator over an existing store (shared with other users of it).
@@ -1053,14 +1221,14 @@ inline int mpi_count(int64_t n, const char* op) {
 
 inline std::string mpi_timeout_message(const std::string& op, int rank, int size,
                                        std::chrono::milliseconds timeout) {
-  return "accel: mpi " + op + " did not finish on rank " + std::to_string(rank) + " of " +
+  return "accel: Mpi " + op + " did not finish on rank " + std::to_string(rank) + " of " +
          std::to_string(size) + " within " + std::to_string(timeout.count()) +
          " ms. Another rank did not reach the same collective: check that every rank calls the "
          "collectives in the same order, or raise the timeout.";
 }
 
 inline std::string mpi_failure_message(const std::string& op, int rank, int size, int rc) {
-  return "accel: mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
+  return "accel: Mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
          std::to_string(size) + ": " + mpi_error_string(rc) +
          ". A peer process probably exited, or the ranks passed different sizes or types: look "
          "at the other ranks' errors.";
@@ -1321,7 +1489,9 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string_view backend_name() const override { return "mpi"; }
+  static constexpr std::string_view name = "Mpi";
+  std::string_view backend_name() const override { return name; }
+  torch::Device device() const override { return torch::kCPU; }
   MPI_Comm comm() const { return comm_; }
   MpiProgress progress() const { return thread_ ? MpiProgress::Thread : MpiProgress::Test; }
 
@@ -1357,11 +1527,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     check(input, "all_gather");
     check(output, "all_gather");
-    ACCEL_CHECK(output.scalar_type() == input.scalar_type(),
-                "accel: all_gather output and input types differ. Give both the same dtype.");
-    ACCEL_CHECK(output.numel() == input.numel() * size_, "accel: all_gather output has ",
-                output.numel(), " elements, expected world size ", size_, " x ", input.numel(),
-                ". Allocate the output with size() * input.numel() elements.");
+    detail::check_world_multiple("all_gather", output, input, size_);
     const int count = detail::mpi_count(input.numel(), "all_gather");
     const auto type = detail::mpi_type(input.scalar_type(), false);
     void* in = input.data_ptr();
@@ -1377,14 +1543,10 @@ class MpiCommunicator final : public Communicator {
                                        ReduceOp op = ReduceOp::Sum) override {
     check(input, "reduce_scatter");
     check(output, "reduce_scatter");
-    ACCEL_CHECK(input.numel() == output.numel() * size_, "accel: reduce_scatter input has ",
-                input.numel(), " elements, expected world size ", size_, " x ", output.numel(),
-                ". Give an input with size() * output.numel() elements.");
+    detail::check_world_multiple("reduce_scatter", input, output, size_);
     const bool widen = detail::needs_widening(input) || detail::needs_widening(output);
     auto in = widen ? input.to(torch::kFloat) : input;
     auto out = widen ? torch::empty(output.sizes(), output.options().dtype(torch::kFloat)) : output;
-    ACCEL_CHECK(in.scalar_type() == out.scalar_type(),
-                "accel: reduce_scatter output and input types differ. Give both the same dtype.");
     const int count = detail::mpi_count(out.numel(), "reduce_scatter");
     const auto type = detail::mpi_type(in.scalar_type(), true);
     const auto mop = detail::mpi_op(op);
@@ -1423,8 +1585,9 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check(const torch::Tensor& t, const char* op) const {
-    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "accel: mpi ", op,
-                " needs a defined, contiguous CPU tensor. Call .contiguous().cpu() first.");
+    detail::check_dense(name, op, t);
+    ACCEL_CHECK(t.device().is_cpu(), "accel: Mpi ", op, " needs a CPU tensor, not ", t.device(),
+                ". backend::Mpi works on the CPU: call .cpu() first.");
   }
 
   /// Hands the collective to the progress thread (blocking form) or posts
@@ -1565,7 +1728,9 @@ namespace accel::backend {
 /// a c10d TCPStore at MASTER_ADDR:MASTER_PORT, or a FileStore
 /// (AcceleratorOptions::file_store).
 struct Gloo {
-  static constexpr std::string_view name = "Gloo";
+  static constexpr std::string_view name = runtime::GlooCommunicator::name;
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "gloo";
   static constexpr bool multi_process = true;
   static constexpr bool available = true;
 
@@ -1608,6 +1773,8 @@ namespace accel::backend {
 /// memory all-reduce on one machine is several times faster than Gloo's TCP.
 struct Mpi {
   static constexpr std::string_view name = "Mpi";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "mpi";
   static constexpr bool multi_process = true;
   static constexpr bool available = ACCEL_WITH_MPI;
 
@@ -1632,6 +1799,10 @@ struct Mpi {
 #endif
   }
 };
+
+#if ACCEL_WITH_MPI
+static_assert(Mpi::name == runtime::MpiCommunicator::name);
+#endif
 
 }  // namespace accel::backend
 
@@ -1671,64 +1842,21 @@ struct Mpi {
 
 namespace accel::runtime {
 
-class NcclCommunicator final : public Communicator {
+/// Communicator over c10d::ProcessGroupNCCL on this process's CUDA device;
+/// tensors elsewhere are refused with a message (NCCL reads GPU memory only).
+class NcclCommunicator final : public C10dCommunicator {
  public:
+  static constexpr std::string_view name = "Nccl";
+
   NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, const ProcessEnv& env,
                    torch::Device device, std::chrono::milliseconds timeout)
-      : store_(std::move(store)), rank_(env.rank), size_(env.world_size), device_(device),
-        timeout_(timeout) {
+      : C10dCommunicator(name, std::move(store), env, device, Staging::Refuse, timeout) {
     c10::cuda::set_device(device_.index());
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout_;
-    try {
-      pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, size_, opts);
-    } catch (const std::exception& e) {
-      detail::rethrow_collective_error(e, "nccl", "rendezvous", rank_, size_, timeout_);
-    }
+    make_group([&] { return c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, size_, opts); });
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string_view backend_name() const override { return "Nccl"; }
-
-  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
-    check(tensor, "all_reduce");
-    std::vector<at::Tensor> ts{tensor};
-    c10d::AllreduceOptions o;
-    o.reduceOp = detail::to_c10d(op);
-    o.timeout = timeout_;
-    return launch("all_reduce", [&] { return pg_->allreduce(ts, o); });
-  }
-  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
-    check(input, "all_gather");
-    check(output, "all_gather");
-    ACCEL_CHECK(output.numel() == input.numel() * size_, "accel: all_gather output has ",
-                output.numel(), " elements, expected world size x ", input.numel(), ".");
-    auto out = output.view(-1);
-    auto in = input.reshape(-1);
-    return launch("all_gather", [&] { return pg_->_allgather_base(out, in); });
-  }
-  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
-                                       ReduceOp op = ReduceOp::Sum) override {
-    check(input, "reduce_scatter");
-    check(output, "reduce_scatter");
-    ACCEL_CHECK(input.numel() == output.numel() * size_, "accel: reduce_scatter input has ",
-                input.numel(), " elements, expected world size x ", output.numel(), ".");
-    auto out = output.view(-1);
-    auto in = input.reshape(-1);
-    c10d::ReduceScatterOptions o;
-    o.reduceOp = detail::to_c10d(op);
-    o.timeout = timeout_;
-    return launch("reduce_scatter", [&] { return pg_->_reduce_scatter_base(out, in, o); });
-  }
-  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
-    check(tensor, "broadcast");
-    std::vector<at::Tensor> ts{tensor};
-    c10d::BroadcastOptions o;
-    o.rootRank = src;
-    o.timeout = timeout_;
-    return launch("broadcast", [&] { return pg_->broadcast(ts, o); });
-  }
   void barrier() override {
     // A one-element all-reduce on this rank's device: NCCL's own barrier
     // guesses the device from the rank, which is wrong with several nodes.
@@ -1736,28 +1864,6 @@ class NcclCommunicator final : public Communicator {
     all_reduce(t)->wait();
     torch::cuda::synchronize(device_.index());
   }
-
- private:
-  void check(const torch::Tensor& t, const char* op) const {
-    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device() == device_, "accel: nccl ", op,
-                " needs a contiguous tensor on ", device_, ". Move it with .to(accelerator.device()).");
-  }
-  template <class Start>
-  std::shared_ptr<Work> launch(const char* op, Start&& start) {
-    c10::intrusive_ptr<c10d::Work> w;
-    try {
-      w = start();
-    } catch (const std::exception& e) {
-      detail::rethrow_collective_error(e, "nccl", op, rank_, size_, timeout_);
-    }
-    return std::make_shared<detail::C10dWork>(std::move(w), "nccl", op, rank_, size_, timeout_);
-  }
-
-  c10::intrusive_ptr<c10d::Store> store_;
-  int rank_, size_;
-  torch::Device device_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
 };
 
 /// Rendezvous (TCPStore on MASTER_ADDR:MASTER_PORT, or a FileStore) and an
@@ -1780,6 +1886,8 @@ namespace accel::backend {
 
 struct Nccl {
   static constexpr std::string_view name = "Nccl";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "nccl";
   static constexpr bool multi_process = true;
   static constexpr bool available = ACCEL_WITH_NCCL;
 
@@ -1801,6 +1909,10 @@ struct Nccl {
   }
 };
 
+#if ACCEL_WITH_NCCL
+static_assert(Nccl::name == runtime::NcclCommunicator::name);
+#endif
+
 }  // namespace accel::backend
 
 #endif  // ACCEL_BACKEND_NCCL_HPP
@@ -1821,6 +1933,8 @@ namespace accel::backend {
 /// variables of a launcher are ignored: every process trains on its own.
 struct SingleDevice {
   static constexpr std::string_view name = "SingleDevice";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "single";
   static constexpr bool multi_process = false;
   static constexpr bool available = true;
 
@@ -1855,6 +1969,7 @@ struct SingleDevice {
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+
 namespace accel::precision {
 
 /// Turns autocast on for `device_type` with `dtype` for its lifetime and
@@ -1865,17 +1980,9 @@ class AutocastGuard {
   AutocastGuard(c10::DeviceType device_type, at::ScalarType dtype, bool enabled = true)
       : device_type_(device_type), active_(enabled) {
     if (!active_) return;
-    if (device_type_ == c10::DeviceType::CUDA) {
-      prev_enabled_ = at::autocast::is_enabled();
-      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-      at::autocast::set_enabled(true);
-      at::autocast::set_autocast_gpu_dtype(dtype);
-    } else {
-      prev_enabled_ = at::autocast::is_cpu_enabled();
-      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(dtype);
-    }
+    prev_enabled_ = is_enabled(device_type_);
+    prev_dtype_ = dtype_of(device_type_);
+    set(device_type_, true, dtype);
     at::autocast::increment_nesting();
   }
   ~AutocastGuard() {
@@ -1883,13 +1990,7 @@ class AutocastGuard {
     // Leaving the outermost region drops the cache of casted weights, so an
     // optimizer step on the fp32 weights is seen by the next forward.
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    if (device_type_ == c10::DeviceType::CUDA) {
-      at::autocast::set_enabled(prev_enabled_);
-      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-    } else {
-      at::autocast::set_cpu_enabled(prev_enabled_);
-      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
-    }
+    set(device_type_, prev_enabled_, prev_dtype_);
   }
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -1901,6 +2002,35 @@ class AutocastGuard {
   AutocastGuard& operator=(AutocastGuard&&) = delete;
 
  private:
+  // LibTorch 2.4 replaced the per-device functions (is_enabled, is_cpu_enabled,
+  // get_autocast_gpu_dtype, ...) by ones taking the device type, and
+  // deprecated the old ones.
+#if ACCEL_TORCH_AT_LEAST(2, 4)
+  static bool is_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+  static at::ScalarType dtype_of(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+  static void set(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
+    at::autocast::set_autocast_enabled(d, enabled);
+    at::autocast::set_autocast_dtype(d, dtype);
+  }
+#else
+  static bool is_enabled(c10::DeviceType d) {
+    return d == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+  }
+  static at::ScalarType dtype_of(c10::DeviceType d) {
+    return d == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                      : at::autocast::get_autocast_cpu_dtype();
+  }
+  static void set(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
+    if (d == c10::DeviceType::CUDA) {
+      at::autocast::set_enabled(enabled);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(enabled);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+  }
+#endif
+
   c10::DeviceType device_type_;
   bool active_;
   bool prev_enabled_ = false;
@@ -2179,6 +2309,8 @@ namespace accel::shard {
 /// gradients averaged in buckets whose all-reduce starts during backward.
 struct Replicate {
   static constexpr std::string_view name = "Replicate";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "replicate";
   static constexpr bool shards_optimizer_state = false;
   static constexpr bool shards_gradients = false;
 };
@@ -2202,6 +2334,8 @@ namespace accel::shard {
 /// gradients (reduce-scatter instead of all-reduce).
 struct ShardGradients {
   static constexpr std::string_view name = "ShardGradients";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "shard_gradients";
   static constexpr bool shards_optimizer_state = true;
   static constexpr bool shards_gradients = true;
 };
@@ -2225,6 +2359,8 @@ namespace accel::shard {
 /// parameters it owns, then the updated parameters are all-gathered.
 struct ShardOptimizer {
   static constexpr std::string_view name = "ShardOptimizer";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "shard_optimizer";
   static constexpr bool shards_optimizer_state = true;
   static constexpr bool shards_gradients = false;
 };
@@ -7869,8 +8005,7 @@ inline int failed_rank(StateRegistry& reg, bool ok) {
   auto& comm = *reg.state->comm;
   float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
   if (comm.size() > 1) {
-    const torch::Device dev = comm.backend_name() == "Nccl" ? reg.state->device : torch::kCPU;
-    auto t = torch::full({1}, mine, torch::kFloat).to(dev);
+    auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
     comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
     mine = t.to(torch::kCPU).item<float>();
   }
@@ -8345,8 +8480,9 @@ namespace accel::ops {
 namespace detail {
 /// Every rank's sizes of `t` (dims must agree), as a [world, ndim] int64 tensor.
 inline torch::Tensor all_sizes(runtime::Communicator& comm, const torch::Tensor& t) {
-  auto mine = torch::tensor(t.sizes().vec(), torch::kLong);
-  auto all = torch::empty({comm.size() * t.dim()}, torch::kLong);
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto mine = torch::tensor(t.sizes().vec(), on);
+  auto all = torch::empty({comm.size() * t.dim()}, on);
   comm.all_gather(all, mine)->wait();
   return all.view({comm.size(), t.dim()});
 }
@@ -8361,8 +8497,9 @@ inline torch::Tensor gather(runtime::Communicator& comm, const torch::Tensor& te
   auto t = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
   if (comm.size() == 1) return t.clone();
   if (check_shapes) {
-    auto dims = torch::tensor({static_cast<int64_t>(t.dim())}, torch::kLong);
-    auto all_dims = torch::empty({comm.size()}, torch::kLong);
+    const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+    auto dims = torch::tensor({static_cast<int64_t>(t.dim())}, on);
+    auto all_dims = torch::empty({comm.size()}, on);
     comm.all_gather(all_dims, dims)->wait();
     bool same = all_dims.eq(t.dim()).all().item<bool>();
     auto sizes = same ? detail::all_sizes(comm, t) : torch::Tensor();
@@ -10270,8 +10407,7 @@ class Accelerator {
 
   void install_loss_scaler() {
     scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
-    scaler_->set_comm_device(state_->comm->backend_name() == "Nccl" ? state_->device
-                                                                    : torch::Device(torch::kCPU));
+    scaler_->set_comm_device(state_->comm->device());
     std::weak_ptr<precision::LossScaler> weak = scaler_;
     auto comm = state_->comm;
     state_->before_step = [weak, comm](torch::optim::Optimizer& opt) {
@@ -10371,20 +10507,6 @@ struct PolicyChoice {
 
 namespace detail {
 
-template <class B>
-constexpr std::string_view choice_name_of_backend() {
-  if constexpr (std::is_same_v<B, backend::SingleDevice>) return "single";
-  else if constexpr (std::is_same_v<B, backend::Gloo>) return "gloo";
-  else if constexpr (std::is_same_v<B, backend::Mpi>) return "mpi";
-  else return "nccl";
-}
-template <class S>
-constexpr std::string_view choice_name_of_shard() {
-  if constexpr (std::is_same_v<S, shard::Replicate>) return "replicate";
-  else if constexpr (std::is_same_v<S, shard::ShardOptimizer>) return "shard_optimizer";
-  else return "shard_gradients";
-}
-
 /// Valid without firing the diagnostics: what check_accelerator_policies
 /// accepts, for use as a filter.
 template <class B, class P, class S>
@@ -10439,8 +10561,8 @@ void dispatch_accelerator(const PolicyChoice& choice, F&& fn, AcceleratorOptions
     using B = typename decltype(+hana::at_c<0>(combo))::type;
     using P = typename decltype(+hana::at_c<1>(combo))::type;
     using S = typename decltype(+hana::at_c<2>(combo))::type;
-    const auto b = detail::choice_name_of_backend<B>();
-    const auto s = detail::choice_name_of_shard<S>();
+    const auto b = B::config_name;
+    const auto s = S::config_name;
     available << "\n  backend=" << b << " precision=" << P::name << " shard=" << s;
     if (called || choice.backend != b || choice.precision != P::name || choice.shard != s) return;
     called = true;

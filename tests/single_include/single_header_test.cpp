@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <torch/torch.h>
 
 #include "../unit/sched/sched_baselines.hpp"

@@ -1,7 +1,11 @@
 // Catch2's main for every test executable, made rank-aware: under mpirun or a
 // launcher each rank reports with its rank in the name of its output.
+#if ACCEL_TEST_CATCH2_V3
+#include <catch2/catch_session.hpp>
+#else
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+#endif
 #include <torch/torch.h>
 
 int main(int argc, char* argv[]) {

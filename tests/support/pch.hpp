@@ -1,3 +1,3 @@
 // Precompiled for every test target: the heavy, stable headers.
 #include <torch/torch.h>
-#include <catch2/catch.hpp>
+#include "catch.hpp"

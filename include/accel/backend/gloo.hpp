@@ -15,7 +15,9 @@ namespace accel::backend {
 /// a c10d TCPStore at MASTER_ADDR:MASTER_PORT, or a FileStore
 /// (AcceleratorOptions::file_store).
 struct Gloo {
-  static constexpr std::string_view name = "Gloo";
+  static constexpr std::string_view name = runtime::GlooCommunicator::name;
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "gloo";
   static constexpr bool multi_process = true;
   static constexpr bool available = true;
 

@@ -20,6 +20,8 @@ namespace accel::backend {
 /// memory all-reduce on one machine is several times faster than Gloo's TCP.
 struct Mpi {
   static constexpr std::string_view name = "Mpi";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "mpi";
   static constexpr bool multi_process = true;
   static constexpr bool available = ACCEL_WITH_MPI;
 
@@ -44,6 +46,10 @@ struct Mpi {
 #endif
   }
 };
+
+#if ACCEL_WITH_MPI
+static_assert(Mpi::name == runtime::MpiCommunicator::name);
+#endif
 
 }  // namespace accel::backend
 

@@ -17,6 +17,8 @@ namespace accel::backend {
 
 struct Nccl {
   static constexpr std::string_view name = "Nccl";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "nccl";
   static constexpr bool multi_process = true;
   static constexpr bool available = ACCEL_WITH_NCCL;
 
@@ -37,6 +39,10 @@ struct Nccl {
 #endif
   }
 };
+
+#if ACCEL_WITH_NCCL
+static_assert(Nccl::name == runtime::NcclCommunicator::name);
+#endif
 
 }  // namespace accel::backend
 

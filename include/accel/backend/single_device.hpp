@@ -14,6 +14,8 @@ namespace accel::backend {
 /// variables of a launcher are ignored: every process trains on its own.
 struct SingleDevice {
   static constexpr std::string_view name = "SingleDevice";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "single";
   static constexpr bool multi_process = false;
   static constexpr bool available = true;
 

@@ -19,8 +19,9 @@ namespace accel::ops {
 namespace detail {
 /// Every rank's sizes of `t` (dims must agree), as a [world, ndim] int64 tensor.
 inline torch::Tensor all_sizes(runtime::Communicator& comm, const torch::Tensor& t) {
-  auto mine = torch::tensor(t.sizes().vec(), torch::kLong);
-  auto all = torch::empty({comm.size() * t.dim()}, torch::kLong);
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto mine = torch::tensor(t.sizes().vec(), on);
+  auto all = torch::empty({comm.size() * t.dim()}, on);
   comm.all_gather(all, mine)->wait();
   return all.view({comm.size(), t.dim()});
 }
@@ -35,8 +36,9 @@ inline torch::Tensor gather(runtime::Communicator& comm, const torch::Tensor& te
   auto t = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
   if (comm.size() == 1) return t.clone();
   if (check_shapes) {
-    auto dims = torch::tensor({static_cast<int64_t>(t.dim())}, torch::kLong);
-    auto all_dims = torch::empty({comm.size()}, torch::kLong);
+    const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+    auto dims = torch::tensor({static_cast<int64_t>(t.dim())}, on);
+    auto all_dims = torch::empty({comm.size()}, on);
     comm.all_gather(all_dims, dims)->wait();
     bool same = all_dims.eq(t.dim()).all().item<bool>();
     auto sizes = same ? detail::all_sizes(comm, t) : torch::Tensor();

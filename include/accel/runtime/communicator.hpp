@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include <torch/torch.h>
+
+#include <accel/errors.hpp>
 
 namespace accel::runtime {
 
@@ -38,7 +41,12 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// The backend policy's name: "Gloo", "Mpi", "Nccl" (backend::X::name), or "Local".
   virtual std::string_view backend_name() const = 0;
+  /// Where this communicator's collectives take tensors without a copy: the
+  /// CPU for Gloo, MPI and Local, the process's CUDA device for NCCL. Helper
+  /// tensors (sizes, flags) that feed a collective are made here.
+  virtual torch::Device device() const = 0;
 
   /// In place: every rank ends with the reduction of everyone's `tensor`.
   virtual std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
@@ -55,12 +63,37 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+namespace detail {
+
+/// Every backend's argument checks, one message each: a defined contiguous
+/// tensor, and the size rule of all_gather / reduce_scatter.
+inline void check_dense(std::string_view backend, const char* op, const torch::Tensor& t) {
+  ACCEL_CHECK(t.defined() && t.is_contiguous(), "accel: ", backend, " ", op,
+              " needs a defined, contiguous tensor. Call .contiguous() first.");
+}
+/// all_gather: `whole` is the output, `part` the input; reduce_scatter: the reverse.
+inline void check_world_multiple(const char* op, const torch::Tensor& whole,
+                                 const torch::Tensor& part, int world_size) {
+  const bool gather = std::string_view(op) == "all_gather";
+  const char* whole_name = gather ? "output" : "input";
+  ACCEL_CHECK(whole.scalar_type() == part.scalar_type(), "accel: ", op, " output is ",
+              (gather ? whole : part).scalar_type(), " but the input is ",
+              (gather ? part : whole).scalar_type(), ". Give both the same dtype.");
+  ACCEL_CHECK(whole.numel() == part.numel() * world_size, "accel: ", op, " ", whole_name, " has ",
+              whole.numel(), " elements, expected world size ", world_size, " x ", part.numel(),
+              ". Give an ", whole_name, " of size() * ", gather ? "input" : "output",
+              ".numel() elements.");
+}
+
+}  // namespace detail
+
 /// The communicator of a single process: every collective is the identity.
 class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string_view backend_name() const override { return "local"; }
+  std::string_view backend_name() const override { return "Local"; }
+  torch::Device device() const override { return torch::kCPU; }
   std::shared_ptr<Work> all_reduce(torch::Tensor&, ReduceOp) override { return done(); }
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     output.view(-1).copy_(input.reshape(-1));

@@ -87,7 +87,9 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string_view backend_name() const override { return "mpi"; }
+  static constexpr std::string_view name = "Mpi";
+  std::string_view backend_name() const override { return name; }
+  torch::Device device() const override { return torch::kCPU; }
   MPI_Comm comm() const { return comm_; }
   MpiProgress progress() const { return thread_ ? MpiProgress::Thread : MpiProgress::Test; }
 
@@ -123,11 +125,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     check(input, "all_gather");
     check(output, "all_gather");
-    ACCEL_CHECK(output.scalar_type() == input.scalar_type(),
-                "accel: all_gather output and input types differ. Give both the same dtype.");
-    ACCEL_CHECK(output.numel() == input.numel() * size_, "accel: all_gather output has ",
-                output.numel(), " elements, expected world size ", size_, " x ", input.numel(),
-                ". Allocate the output with size() * input.numel() elements.");
+    detail::check_world_multiple("all_gather", output, input, size_);
     const int count = detail::mpi_count(input.numel(), "all_gather");
     const auto type = detail::mpi_type(input.scalar_type(), false);
     void* in = input.data_ptr();
@@ -143,14 +141,10 @@ class MpiCommunicator final : public Communicator {
                                        ReduceOp op = ReduceOp::Sum) override {
     check(input, "reduce_scatter");
     check(output, "reduce_scatter");
-    ACCEL_CHECK(input.numel() == output.numel() * size_, "accel: reduce_scatter input has ",
-                input.numel(), " elements, expected world size ", size_, " x ", output.numel(),
-                ". Give an input with size() * output.numel() elements.");
+    detail::check_world_multiple("reduce_scatter", input, output, size_);
     const bool widen = detail::needs_widening(input) || detail::needs_widening(output);
     auto in = widen ? input.to(torch::kFloat) : input;
     auto out = widen ? torch::empty(output.sizes(), output.options().dtype(torch::kFloat)) : output;
-    ACCEL_CHECK(in.scalar_type() == out.scalar_type(),
-                "accel: reduce_scatter output and input types differ. Give both the same dtype.");
     const int count = detail::mpi_count(out.numel(), "reduce_scatter");
     const auto type = detail::mpi_type(in.scalar_type(), true);
     const auto mop = detail::mpi_op(op);
@@ -189,8 +183,9 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check(const torch::Tensor& t, const char* op) const {
-    ACCEL_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), "accel: mpi ", op,
-                " needs a defined, contiguous CPU tensor. Call .contiguous().cpu() first.");
+    detail::check_dense(name, op, t);
+    ACCEL_CHECK(t.device().is_cpu(), "accel: Mpi ", op, " needs a CPU tensor, not ", t.device(),
+                ". backend::Mpi works on the CPU: call .cpu() first.");
   }
 
   /// Hands the collective to the progress thread (blocking form) or posts

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <accel/detail/torch_version.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/process_env.hpp>
 
@@ -82,6 +83,12 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
   opts.waitWorkers = true;
   opts.timeout = options.timeout;
+#if ACCEL_TORCH_AT_LEAST(2, 4)
+  // From 2.4 TCPStore defaults to a libuv server, which Debian's and other
+  // source builds of LibTorch lack ("use_libuv was requested but PyTorch was
+  // build without libuv support"); the classic server is in every build.
+  opts.useLibUV = false;
+#endif
   try {
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {

@@ -13,6 +13,8 @@ namespace accel::shard {
 /// gradients averaged in buckets whose all-reduce starts during backward.
 struct Replicate {
   static constexpr std::string_view name = "Replicate";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "replicate";
   static constexpr bool shards_optimizer_state = false;
   static constexpr bool shards_gradients = false;
 };

@@ -13,6 +13,8 @@ namespace accel::shard {
 /// gradients (reduce-scatter instead of all-reduce).
 struct ShardGradients {
   static constexpr std::string_view name = "ShardGradients";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "shard_gradients";
   static constexpr bool shards_optimizer_state = true;
   static constexpr bool shards_gradients = true;
 };

@@ -13,6 +13,8 @@ namespace accel::shard {
 /// parameters it owns, then the updated parameters are all-gathered.
 struct ShardOptimizer {
   static constexpr std::string_view name = "ShardOptimizer";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "shard_optimizer";
   static constexpr bool shards_optimizer_state = true;
   static constexpr bool shards_gradients = false;
 };

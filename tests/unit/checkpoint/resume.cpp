@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iterator>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <nlohmann/json.hpp>
 
 #include "workload.hpp"
@@ -216,6 +216,6 @@ TEST_CASE("ZeRO-1 (ShardOptimizer): per-process optimizer files, shuffled resume
   meta["partition_bucket_cap_mb"] = 1.0;
   std::ofstream(dir / "ckpt" / "accel_state.json") << meta.dump();
   CHECK_THROWS_WITH((launch<P, S>(dir / "unused", dir / "ckpt", kResume, false)),
-                    Catch::Contains("partitioned by buckets of 1 MB") &&
-                        Catch::Contains("Resume with AcceleratorOptions::bucket_cap_mb = 1."));
+                    Catch::Matchers::ContainsSubstring("partitioned by buckets of 1 MB") &&
+                        Catch::Matchers::ContainsSubstring("Resume with AcceleratorOptions::bucket_cap_mb = 1."));
 }

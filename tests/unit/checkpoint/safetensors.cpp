@@ -3,7 +3,7 @@
 // reader/writer (safetensors_reference.py, struct + json only).
 #include <accel/checkpoint/safetensors.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -142,16 +142,16 @@ TEST_CASE("safetensors writer rejects what the format cannot hold", "[checkpoint
   const fs::path p = scratch("bad_write.safetensors");
   const auto t = torch::ones({2});
   CHECK_THROWS_WITH(save_safetensors(p, {{"a", t}, {"a", t}}),
-                    Catch::Contains("appears twice"));
-  CHECK_THROWS_WITH(save_safetensors(p, {{"__metadata__", t}}), Catch::Contains("reserved"));
+                    Catch::Matchers::ContainsSubstring("appears twice"));
+  CHECK_THROWS_WITH(save_safetensors(p, {{"__metadata__", t}}), Catch::Matchers::ContainsSubstring("reserved"));
   CHECK_THROWS_WITH(save_safetensors(p, {{"c", torch::ones({2}, torch::kComplexFloat)}}),
-                    Catch::Contains("cannot hold"));
-  CHECK_THROWS_WITH(save_safetensors(p, {{"u", torch::Tensor()}}), Catch::Contains("undefined"));
+                    Catch::Matchers::ContainsSubstring("cannot hold"));
+  CHECK_THROWS_WITH(save_safetensors(p, {{"u", torch::Tensor()}}), Catch::Matchers::ContainsSubstring("undefined"));
   CHECK_THROWS_WITH(save_safetensors(p, {{"a", t}}, {{"accel.tied.x", "a"}}),
-                    Catch::Contains("reserved prefix"));
+                    Catch::Matchers::ContainsSubstring("reserved prefix"));
   CHECK_FALSE(fs::exists(p));
   CHECK_THROWS_WITH(save_safetensors(scratch("no/such/dir/x.safetensors"), {{"a", t}}),
-                    Catch::StartsWith("accel: cannot create a temporary file"));
+                    Catch::Matchers::StartsWith("accel: cannot create a temporary file"));
 }
 
 TEST_CASE("safetensors reader rejects corrupt files with a specific message",
@@ -262,7 +262,7 @@ TEST_CASE("safetensors reader rejects corrupt files with a specific message",
       const auto out = load_safetensors(p);
       CHECK(out.at(0).second.numel() == 0);
     } catch (const accel::Error& e) {
-      CHECK_THAT(e.what(), Catch::Contains("has a shape LibTorch cannot allocate"));
+      CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("has a shape LibTorch cannot allocate"));
     }
   }
   SECTION("duplicate tensor names") {
@@ -290,7 +290,7 @@ TEST_CASE("safetensors reader rejects corrupt files with a specific message",
   }
   SECTION("missing file") {
     CHECK_THROWS_WITH(load_safetensors(scratch("does_not_exist.safetensors")),
-                      Catch::Contains("does not exist"));
+                      Catch::Matchers::ContainsSubstring("does not exist"));
   }
 }
 

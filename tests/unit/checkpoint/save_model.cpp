@@ -3,7 +3,7 @@
 // weights, stale shards, and loads that fail without touching the module).
 #include <accel/checkpoint/save_model.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -109,11 +109,11 @@ TEST_CASE("max_shard_size is parsed as Accelerate parses it", "[checkpoint][save
   CHECK(parse_size(" 3 MB ") == 3'000'000ull);
   for (const char* bad : {"", "GB", "abc", "-1GB", "1e9", "1.5", "10 TB", "1.2.3MB", "inf"}) {
     INFO(bad);
-    CHECK_THROWS_WITH(parse_size(bad), Catch::StartsWith(std::string("accel: max_shard_size '") + bad +
+    CHECK_THROWS_WITH(parse_size(bad), Catch::Matchers::StartsWith(std::string("accel: max_shard_size '") + bad +
                                                          "' is not a size"));
   }
-  CHECK_THROWS_WITH(parse_size("0"), Catch::Contains("is zero"));
-  CHECK_THROWS_WITH(parse_size("99999999999GB"), Catch::Contains("is too large"));
+  CHECK_THROWS_WITH(parse_size("0"), Catch::Matchers::ContainsSubstring("is zero"));
+  CHECK_THROWS_WITH(parse_size("99999999999GB"), Catch::Matchers::ContainsSubstring("is too large"));
   CHECK(SaveModelOptions{}.max_shard_size == "10GB");
 }
 
@@ -240,7 +240,7 @@ TEST_CASE("load_module lists the offending keys and leaves the module untouched"
     torch::nn::Sequential bigger(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
     const auto before = snapshot(*bigger);
     CHECK_THROWS_WITH(load_module(*bigger, dir),
-                      Catch::StartsWith("accel: cannot load '" + dir.string() + "' into the module; "
+                      Catch::Matchers::StartsWith("accel: cannot load '" + dir.string() + "' into the module; "
                                         "missing keys [1.weight, 1.bias]. Nothing was loaded"));
     CHECK(unchanged(*bigger, before));  // 0.weight/0.bias matched but were not copied either
   }
@@ -249,34 +249,34 @@ TEST_CASE("load_module lists the offending keys and leaves the module untouched"
     const fs::path d2 = fresh_dir("errors_two");
     save_module(*two, d2);
     const auto before = snapshot(*small);
-    CHECK_THROWS_WITH(load_module(*small, d2), Catch::Contains("; unexpected keys [1.weight, 1.bias]."));
+    CHECK_THROWS_WITH(load_module(*small, d2), Catch::Matchers::ContainsSubstring("; unexpected keys [1.weight, 1.bias]."));
     CHECK(unchanged(*small, before));
   }
   SECTION("shape and dtype mismatches") {
     torch::nn::Sequential wide(torch::nn::Linear(4, 5));
     const auto before = snapshot(*wide);
     CHECK_THROWS_WITH(load_module(*wide, dir),
-                      Catch::Contains("; mismatched keys [0.weight (checkpoint Float[3, 4], module "
+                      Catch::Matchers::ContainsSubstring("; mismatched keys [0.weight (checkpoint Float[3, 4], module "
                                       "Float[5, 4]), 0.bias (checkpoint Float[3], module Float[5])]"));
     CHECK(unchanged(*wide, before));
     torch::nn::Sequential dbl(torch::nn::Linear(4, 3));
     dbl->to(torch::kFloat64);
     CHECK_THROWS_WITH(load_module(*dbl, dir),
-                      Catch::Contains("0.weight (checkpoint Float[3, 4], module Double[3, 4])"));
+                      Catch::Matchers::ContainsSubstring("0.weight (checkpoint Float[3, 4], module Double[3, 4])"));
   }
   SECTION("no checkpoint in the directory") {
     CHECK_THROWS_WITH(load_module(*small, fresh_dir("empty")),
-                      Catch::Contains("holds neither model.safetensors nor model.safetensors.index.json"));
+                      Catch::Matchers::ContainsSubstring("holds neither model.safetensors nor model.safetensors.index.json"));
   }
   SECTION("an index that points outside its directory or at the wrong shard") {
     const fs::path d3 = fresh_dir("bad_index");
     std::ofstream(d3 / "model.safetensors.index.json") << R"({"weight_map":{"0.weight":"../model.safetensors"}})";
-    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Contains("is not a plain file name"));
+    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Matchers::ContainsSubstring("is not a plain file name"));
     fs::copy_file(dir / "model.safetensors", d3 / "model-00001-of-00001.safetensors");
     std::ofstream(d3 / "model.safetensors.index.json")
         << R"({"weight_map":{"0.weight":"model-00001-of-00001.safetensors","0.bias":"other.safetensors"}})";
-    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Contains("other.safetensors"));
+    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Matchers::ContainsSubstring("other.safetensors"));
     std::ofstream(d3 / "model.safetensors.index.json") << "{not json";
-    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Contains("is not valid JSON"));
+    CHECK_THROWS_WITH(load_module(*small, d3), Catch::Matchers::ContainsSubstring("is not valid JSON"));
   }
 }

@@ -2,7 +2,7 @@
 #include <accel/accelerator.hpp>
 #include <accel/random.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 namespace {
 
@@ -198,6 +198,6 @@ TEST_CASE("bf16 autocast: forward in bfloat16, outputs back in float32", "[core]
 TEST_CASE("Fp16 without CUDA is a clear error that suggests Bf16", "[core][precision]") {
   if (torch::cuda::is_available()) return;
   using Fp16Acc = accel::Accelerator<accel::backend::SingleDevice, accel::precision::Fp16>;
-  CHECK_THROWS_WITH(Fp16Acc(), Catch::Contains("precision::Fp16 needs a CUDA device") &&
-                                   Catch::Contains("precision::Bf16"));
+  CHECK_THROWS_WITH(Fp16Acc(), Catch::Matchers::ContainsSubstring("precision::Fp16 needs a CUDA device") &&
+                                   Catch::Matchers::ContainsSubstring("precision::Bf16"));
 }

@@ -2,7 +2,7 @@
 // active-loader state and resuming an interrupted epoch.
 #include "test_data_support.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <map>
@@ -205,7 +205,7 @@ TEST_CASE("leaving a loop early with workers stops them", "[data][workers]") {
     auto consume = [&] {
       for (auto& b : sleepy) (void)b;
     };
-    CHECK_THROWS_WITH(consume(), Catch::Contains("accel: a data loader worker took more than 50 ms"));
+    CHECK_THROWS_WITH(consume(), Catch::Matchers::ContainsSubstring("accel: a data loader worker took more than 50 ms"));
   }
 }
 
@@ -352,7 +352,7 @@ TEST_CASE("TensorDataset reads whole batches, equal to per-sample stacking", "[d
     CHECK(torch::equal(fast.dataset().data(), x));
   }
   CHECK_THROWS_WITH(accel::data::TensorDataset(x, torch::zeros({5})),
-                    Catch::Contains("accel: TensorDataset got 23 samples but 5 targets"));
+                    Catch::Matchers::ContainsSubstring("accel: TensorDataset got 23 samples but 5 targets"));
 }
 
 TEST_CASE("set_epoch reaches a dataset that has one", "[data]") {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 namespace fs = std::filesystem;
 
@@ -168,10 +168,10 @@ TEST_CASE("config_file: unknown keys and unsupported features warn with key and 
   CHECK(c.warnings[0] == "accel: warning: " + path.string() +
                              ":2: key 'num_proceses': unknown key, ignored. Check its spelling "
                              "(keys are Accelerate's).");
-  CHECK_THAT(c.warnings[1], Catch::Contains(":3: key 'deepspeed_config'") &&
-                                Catch::Contains("does not support"));
-  CHECK_THAT(c.warnings[2], Catch::Contains(":5: key 'distributed_type'") &&
-                                Catch::Contains("read as MULTI_GPU"));
+  CHECK_THAT(c.warnings[1], Catch::Matchers::ContainsSubstring(":3: key 'deepspeed_config'") &&
+                                Catch::Matchers::ContainsSubstring("does not support"));
+  CHECK_THAT(c.warnings[2], Catch::Matchers::ContainsSubstring(":5: key 'distributed_type'") &&
+                                Catch::Matchers::ContainsSubstring("read as MULTI_GPU"));
   CHECK(c.distributed_type == accel::DistributedType::MultiGpu);
   CHECK_FALSE(c.num_processes);
   CHECK(warn.str() == c.warnings[0] + "\n" + c.warnings[1] + "\n" + c.warnings[2] + "\n");
@@ -204,17 +204,17 @@ TEST_CASE("config_file: wrong types and values are ConfigErrors naming key, line
         "accel: " + file + ":1: key 'main_process_port' is 70000, out of range. Use a whole "
         "number in [0, 65535].");
   CHECK_THAT(error_of("distributed_type: [MULTI_GPU]\n"),
-             Catch::Contains(":1: key 'distributed_type' is a list") &&
-                 Catch::Contains("MULTI_CPU"));
-  CHECK_THAT(error_of("num_processes: 0\n"), Catch::Contains("key 'num_processes' is 0"));
+             Catch::Matchers::ContainsSubstring(":1: key 'distributed_type' is a list") &&
+                 Catch::Matchers::ContainsSubstring("MULTI_CPU"));
+  CHECK_THAT(error_of("num_processes: 0\n"), Catch::Matchers::ContainsSubstring("key 'num_processes' is 0"));
   CHECK_THAT(error_of("num_machines: 2\nmachine_rank: 2\n"),
-             Catch::Contains("machine_rank 2 is not below num_machines 2"));
-  CHECK_THAT(error_of("a: 1\nb: [1, 2\n"), Catch::Contains(file + ":") &&
-                                               Catch::Contains("not valid YAML or JSON"));
-  CHECK_THAT(error_of("- 1\n- 2\n"), Catch::Contains("top level must be a mapping"));
+             Catch::Matchers::ContainsSubstring("machine_rank 2 is not below num_machines 2"));
+  CHECK_THAT(error_of("a: 1\nb: [1, 2\n"), Catch::Matchers::ContainsSubstring(file + ":") &&
+                                               Catch::Matchers::ContainsSubstring("not valid YAML or JSON"));
+  CHECK_THAT(error_of("- 1\n- 2\n"), Catch::Matchers::ContainsSubstring("top level must be a mapping"));
   CHECK_THROWS_WITH(accel::read_config_file(dir / "missing.yaml"),
-                    Catch::Contains("missing.yaml does not exist") &&
-                        Catch::Contains("accel config"));
+                    Catch::Matchers::ContainsSubstring("missing.yaml does not exist") &&
+                        Catch::Matchers::ContainsSubstring("accel config"));
 }
 
 TEST_CASE("config_file: write_basic_config writes Accelerate's file and never overwrites",
@@ -256,8 +256,8 @@ TEST_CASE("config_file: write_basic_config writes Accelerate's file and never ov
   accel::write_basic_config("no", path);
   std::cerr.rdbuf(old);
   CHECK(slurp(path) == "mixed_precision: fp16\n");
-  CHECK_THAT(err.str(), Catch::Contains("already exists at " + path.string()) &&
-                            Catch::Contains("will not override"));
+  CHECK_THAT(err.str(), Catch::Matchers::ContainsSubstring("already exists at " + path.string()) &&
+                            Catch::Matchers::ContainsSubstring("will not override"));
 
   CHECK_THROWS_AS(accel::write_basic_config("fp8", dir / "other.yaml"), accel::ConfigError);
   CHECK_THROWS_WITH(accel::write_basic_config("fp8", dir / "other.yaml"),
@@ -281,7 +281,7 @@ TEST_CASE("config_file: write_config_file round-trips through read_config_file",
   c.use_cpu = true;
   accel::write_config_file(c, dir / "sub" / "c.yaml");
   const std::string text = slurp(dir / "sub" / "c.yaml");
-  CHECK_THAT(text, Catch::StartsWith("backend: gloo\ncompute_environment: LOCAL_MACHINE\n"));
+  CHECK_THAT(text, Catch::Matchers::StartsWith("backend: gloo\ncompute_environment: LOCAL_MACHINE\n"));
   std::ostringstream warn;
   const auto d = accel::read_config_file(dir / "sub" / "c.yaml", &warn);
   CHECK(warn.str().empty());

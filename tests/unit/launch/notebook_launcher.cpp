@@ -23,7 +23,7 @@
 #include <sstream>
 #include <thread>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -258,8 +258,8 @@ TEST_CASE("the launch timeout stops hanging workers", "[launch]") {
         std::make_tuple(dir.string()), opts);
     FAIL("no timeout");
   } catch (const accel::TimeoutError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("timed out after 1 s") &&
-                             Catch::Contains("process(es) 0, 1 still running"));
+    CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("timed out after 1 s") &&
+                             Catch::Matchers::ContainsSubstring("process(es) 0, 1 still running"));
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   CHECK(seconds >= 1.0);
@@ -389,20 +389,20 @@ TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]"
 TEST_CASE("invalid options are refused with clear messages", "[launch]") {
   auto noop = [] {};
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.num_processes = 0}),
-                    Catch::Contains("num_processes is 0. Launch at least 1 process"));
+                    Catch::Matchers::ContainsSubstring("num_processes is 0. Launch at least 1 process"));
   CHECK_THROWS_WITH(
       accel::notebook_launcher(noop, std::tuple<>{}, {.num_nodes = 2, .node_rank = 2}),
-      Catch::Contains("node_rank 2 is outside 0..1"));
+      Catch::Matchers::ContainsSubstring("node_rank 2 is outside 0..1"));
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.master_port = 70000}),
-                    Catch::Contains("master_port 70000 is not a TCP port"));
+                    Catch::Matchers::ContainsSubstring("master_port 70000 is not a TCP port"));
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{},
                                              {.num_nodes = 2, .master_port = 0}),
-                    Catch::Contains("needs a rendezvous_file") &&
-                        Catch::Contains("Pass the same fixed master_port on every node"));
+                    Catch::Matchers::ContainsSubstring("needs a rendezvous_file") &&
+                        Catch::Matchers::ContainsSubstring("Pass the same fixed master_port on every node"));
   accel::LaunchOptions mp;
   mp.mixed_precision = "fp8";
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, mp),
-                    Catch::Contains("mixed_precision 'fp8' is unknown"));
+                    Catch::Matchers::ContainsSubstring("mixed_precision 'fp8' is unknown"));
 }
 
 TEST_CASE("CUDA-before-fork detection reads the process maps", "[launch]") {
@@ -430,8 +430,8 @@ TEST_CASE("ACCEL_DEBUG_MODE: a dry launch checks the workers first", "[launch]")
   const int taken = ntohs(addr.sin_port);
   CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::tuple<>{},
                                              {.num_processes = 2, .master_port = taken}),
-                    Catch::Contains("master_port " + std::to_string(taken)) &&
-                        Catch::Contains("already in use"));
+                    Catch::Matchers::ContainsSubstring("master_port " + std::to_string(taken)) &&
+                        Catch::Matchers::ContainsSubstring("already in use"));
   ::unsetenv("ACCEL_DEBUG_MODE");
 }
 
@@ -589,8 +589,8 @@ TEST_CASE("several nodes with port 0: a rendezvous file is needed, and waited fo
                                              {.num_processes = 1, .num_nodes = 2, .node_rank = 1,
                                               .master_port = 0, .timeout = 1s,
                                               .rendezvous_file = (dir / "never").string()}),
-                    Catch::Contains("waited for node 0 to write the port") &&
-                        Catch::Contains("never"));
+                    Catch::Matchers::ContainsSubstring("waited for node 0 to write the port") &&
+                        Catch::Matchers::ContainsSubstring("never"));
   CHECK(Clock::now() - t0 < 10s);
   // A file that is not accel's is refused, not misread.
   std::ofstream(dir / "other") << "hello 12\n";
@@ -598,5 +598,5 @@ TEST_CASE("several nodes with port 0: a rendezvous file is needed, and waited fo
                                              {.num_processes = 1, .num_nodes = 2, .node_rank = 1,
                                               .master_port = 0, .timeout = 5s,
                                               .rendezvous_file = (dir / "other").string()}),
-                    Catch::Contains("is not an accel rendezvous file"));
+                    Catch::Matchers::ContainsSubstring("is not an accel rendezvous file"));
 }

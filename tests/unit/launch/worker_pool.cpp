@@ -13,7 +13,7 @@
 #include <mutex>
 #include <thread>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "scratch.hpp"
 
@@ -170,4 +170,45 @@ TEST_CASE("gather_for_metrics drops the wrap-around duplicates", "[parallel][glo
 
 TEST_CASE("parameters without gradient do not hang the step", "[parallel][gloo][unused]") {
   REQUIRE_NOTHROW(accel::notebook_launcher(unused_parameter_body, std::make_tuple(), procs(2)));
+}
+
+namespace {
+// A communicator on a device other than the CPU (the meta device: shapes, no
+// data). It refuses tensors that are not on its device, as NCCL does with
+// CPU tensors, and otherwise stops the operation with a known message: the
+// helper tensors accel builds for a collective must be made on device().
+class OffCpuCommunicator final : public accel::runtime::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string_view backend_name() const override { return "OffCpu"; }
+  torch::Device device() const override { return torch::kMeta; }
+  std::shared_ptr<accel::runtime::Work> all_reduce(torch::Tensor& t, accel::runtime::ReduceOp) override {
+    return reached(t, t);
+  }
+  std::shared_ptr<accel::runtime::Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override {
+    return reached(out, in);
+  }
+  std::shared_ptr<accel::runtime::Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in,
+                                                       accel::runtime::ReduceOp) override {
+    return reached(out, in);
+  }
+  std::shared_ptr<accel::runtime::Work> broadcast(torch::Tensor& t, int) override { return reached(t, t); }
+  void barrier() override {}
+
+ private:
+  std::shared_ptr<accel::runtime::Work> reached(const torch::Tensor& a, const torch::Tensor& b) {
+    if (a.device() != device() || b.device() != device())
+      throw std::runtime_error("collective got a tensor on " + a.device().str() + "/" + b.device().str());
+    throw std::runtime_error("collective reached on the communicator's device");
+  }
+};
+}  // namespace
+
+TEST_CASE("helper tensors of collectives are made on the communicator's device", "[parallel][collectives][device]") {
+  OffCpuCommunicator comm;
+  const auto reached = Catch::Matchers::ContainsSubstring("reached on the communicator's device");
+  CHECK_THROWS_WITH(accel::ops::pad_across_processes(comm, torch::ones({3, 2}).to(torch::kMeta)), reached);
+  CHECK_THROWS_WITH(accel::ops::gather(comm, torch::ones({3}).to(torch::kMeta), /*check_shapes=*/true),
+                    reached);
 }

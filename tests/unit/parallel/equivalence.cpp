@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "scratch.hpp"
 #include "workload.hpp"

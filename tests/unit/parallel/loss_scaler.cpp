@@ -8,7 +8,7 @@
 
 #include <limits>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "scratch.hpp"
 

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 namespace {
 // Sets the variables for one test and restores the previous values after it.
@@ -76,11 +76,11 @@ TEST_CASE("bad rank variables are a clear error", "[runtime][env]") {
   {
     ScopedEnv env({{"RANK", "two"}, {"WORLD_SIZE", "4"}});
     CHECK_THROWS_WITH(accel::runtime::ProcessEnv::discover(),
-                      Catch::Contains("RANK='two' is not an integer"));
+                      Catch::Matchers::ContainsSubstring("RANK='two' is not an integer"));
   }
   {
     ScopedEnv env({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
     CHECK_THROWS_WITH(accel::runtime::ProcessEnv::discover(),
-                      Catch::Contains("rank 4 is outside world size 4"));
+                      Catch::Matchers::ContainsSubstring("rank 4 is outside world size 4"));
   }
 }

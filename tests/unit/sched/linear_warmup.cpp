@@ -7,7 +7,7 @@
 #include <cmath>
 #include <sstream>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <torch/torch.h>
 
 #include "sched_baselines.hpp"
@@ -104,16 +104,16 @@ TEST_CASE("LinearWarmup resumes exactly", "[sched][warmup]") {
   auto other = make(opt2);
   other.set_step_count(3);
   CHECK(close(opt2.param_groups()[1].options().get_lr(), c.lr[3][1]));
-  CHECK_THROWS_WITH(other.set_step_count(-2), Catch::Contains("cannot move to step -2"));
+  CHECK_THROWS_WITH(other.set_step_count(-2), Catch::Matchers::ContainsSubstring("cannot move to step -2"));
 }
 
 TEST_CASE("LinearWarmup rejects wrong arguments with a clear message", "[sched][warmup]") {
   torch::optim::SGD opt(groups_with({0.1}), torch::optim::SGDOptions(1.0));
   using O = LinearWarmup::Options;
   CHECK_THROWS_WITH(LinearWarmup(opt, O{.warmup_steps = -1}),
-                    Catch::Contains("expected warmup_steps >= 0"));
+                    Catch::Matchers::ContainsSubstring("expected warmup_steps >= 0"));
   CHECK_THROWS_WITH(LinearWarmup(opt, O{.warmup_steps = 5, .start_factor = 1.5}),
-                    Catch::Contains("expected start_factor between 0 and 1"));
+                    Catch::Matchers::ContainsSubstring("expected start_factor between 0 and 1"));
   CHECK_THROWS_WITH(LinearWarmup(opt, O{.warmup_steps = 5, .total_steps = 4}),
-                    Catch::Contains("expected total_steps >= warmup_steps"));
+                    Catch::Matchers::ContainsSubstring("expected total_steps >= warmup_steps"));
 }

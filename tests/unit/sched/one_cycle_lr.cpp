@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <torch/torch.h>
 
 #include "sched_baselines.hpp"
@@ -98,8 +98,8 @@ TEST_CASE("OneCycleLR equals PyTorch's sequence for every reference case", "[sch
     }
     // One step past the end: an error, like Python's ValueError, and nothing moves.
     const double lr_before = opt->param_groups()[0].options().get_lr();
-    CHECK_THROWS_WITH(sched.step(), Catch::Contains("accel: OneCycleLR was stepped") &&
-                                        Catch::Contains("total_steps is " +
+    CHECK_THROWS_WITH(sched.step(), Catch::Matchers::ContainsSubstring("accel: OneCycleLR was stepped") &&
+                                        Catch::Matchers::ContainsSubstring("total_steps is " +
                                                         std::to_string(sched.total_steps())));
     CHECK(sched.step_count() == sched.total_steps());
     CHECK(opt->param_groups()[0].options().get_lr() == lr_before);
@@ -152,8 +152,8 @@ TEST_CASE("OneCycleLR resumes exactly from set_step_count and from an archive",
   SECTION("out of range") {
     auto opt = make_optimizer(c);
     OneCycleLR sched(*opt, options_of(c));
-    CHECK_THROWS_WITH(sched.set_step_count(101), Catch::Contains("cannot move to step 101"));
-    CHECK_THROWS_WITH(sched.set_step_count(-1), Catch::Contains("cannot move to step -1"));
+    CHECK_THROWS_WITH(sched.set_step_count(101), Catch::Matchers::ContainsSubstring("cannot move to step 101"));
+    CHECK_THROWS_WITH(sched.set_step_count(-1), Catch::Matchers::ContainsSubstring("cannot move to step -1"));
   }
 }
 
@@ -170,23 +170,23 @@ TEST_CASE("OneCycleLR rejects wrong arguments with a clear message", "[sched][on
                         torch::optim::SGDOptions(0.1).momentum(0.9));
   using O = OneCycleLR::Options;
   CHECK_THROWS_WITH(OneCycleLR(sgd, O{.max_lr = 0.1}),
-                    Catch::Contains("needs total_steps or (epochs and steps_per_epoch)"));
+                    Catch::Matchers::ContainsSubstring("needs total_steps or (epochs and steps_per_epoch)"));
   CHECK_THROWS_WITH(OneCycleLR(sgd, O{.max_lr = 0.1, .total_steps = 0}),
-                    Catch::Contains("expected a positive total_steps, got 0"));
+                    Catch::Matchers::ContainsSubstring("expected a positive total_steps, got 0"));
   CHECK_THROWS_WITH(OneCycleLR(sgd, O{.max_lr = 0.1, .epochs = 3}),
-                    Catch::Contains("expected a positive steps_per_epoch, got none"));
+                    Catch::Matchers::ContainsSubstring("expected a positive steps_per_epoch, got none"));
   CHECK_THROWS_WITH(OneCycleLR(sgd, O{.max_lr = 0.1, .total_steps = 10, .pct_start = 1.5}),
-                    Catch::Contains("expected pct_start between 0 and 1"));
+                    Catch::Matchers::ContainsSubstring("expected pct_start between 0 and 1"));
   CHECK_THROWS_WITH(OneCycleLR(sgd, O{.max_lr = {0.1, 0.2}, .total_steps = 10}),
-                    Catch::Contains("expected 1 values for max_lr"));
-  CHECK_THROWS_WITH(OneCycleLR(sgd, O{.total_steps = 10}), Catch::Contains("needs a value for max_lr"));
+                    Catch::Matchers::ContainsSubstring("expected 1 values for max_lr"));
+  CHECK_THROWS_WITH(OneCycleLR(sgd, O{.total_steps = 10}), Catch::Matchers::ContainsSubstring("needs a value for max_lr"));
 
   torch::optim::Adagrad adagrad(
       std::vector<torch::Tensor>{torch::zeros({2}, torch::requires_grad())},
       torch::optim::AdagradOptions(0.1));
   CHECK_THROWS_WITH(OneCycleLR(adagrad, O{.max_lr = 0.1, .total_steps = 10}),
-                    Catch::Contains("needs an optimizer with momentum") &&
-                        Catch::Contains("cycle_momentum = false"));
+                    Catch::Matchers::ContainsSubstring("needs an optimizer with momentum") &&
+                        Catch::Matchers::ContainsSubstring("cycle_momentum = false"));
   OneCycleLR ok(adagrad, O{.max_lr = 0.1, .total_steps = 10, .cycle_momentum = false});
   CHECK(ok.get_last_momentum().empty());
 }

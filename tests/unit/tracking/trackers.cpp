@@ -8,7 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -157,7 +157,7 @@ TEST_CASE("JSONL, CSV, config and TensorBoard files from init_trackers/log/end_t
 
   // After end_training, log() needs a new init.
   CHECK_THROWS_WITH(acc.log({{"loss", 1.0}}, 3),
-                    Catch::Contains("accel: log() was called before init_trackers()"));
+                    Catch::Matchers::ContainsSubstring("accel: log() was called before init_trackers()"));
 }
 
 TEST_CASE("the Python reader rejects a corrupted event file", "[tracking][tfevents]") {
@@ -180,18 +180,18 @@ TEST_CASE("the Python reader rejects a corrupted event file", "[tracking][tfeven
 TEST_CASE("tracker errors say what to do", "[tracking][trackers]") {
   accel::Accelerator<> acc;  // no project_dir
   CHECK_THROWS_WITH(acc.init_trackers("run"),
-                    Catch::Contains("accel: init_trackers() needs a directory to write to") &&
-                        Catch::Contains(".project_dir = \"runs\""));
+                    Catch::Matchers::ContainsSubstring("accel: init_trackers() needs a directory to write to") &&
+                        Catch::Matchers::ContainsSubstring(".project_dir = \"runs\""));
   CHECK_THROWS_WITH(acc.log({{"loss", 1.0}}),
-                    Catch::Contains("accel: log() was called before init_trackers()"));
+                    Catch::Matchers::ContainsSubstring("accel: log() was called before init_trackers()"));
   tr::Trackers t;
   CHECK_THROWS_WITH(t.init(std::string("/tmp"), "a/b", {}, {}, true),
-                    Catch::Contains("one directory name"));
+                    Catch::Matchers::ContainsSubstring("one directory name"));
   // A project_dir that is a file: a clear error, not a crash.
   auto dir = scratch("notadir");
   { std::ofstream(dir / "file") << "x"; }
   CHECK_THROWS_WITH(t.init((dir / "file").string(), "run", {}, {}, true),
-                    Catch::Contains("accel: cannot create the tracking directory"));
+                    Catch::Matchers::ContainsSubstring("accel: cannot create the tracking directory"));
 }
 
 namespace {

@@ -73,8 +73,7 @@ inline int failed_rank(StateRegistry& reg, bool ok) {
   auto& comm = *reg.state->comm;
   float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
   if (comm.size() > 1) {
-    const torch::Device dev = comm.backend_name() == "Nccl" ? reg.state->device : torch::kCPU;
-    auto t = torch::full({1}, mine, torch::kFloat).to(dev);
+    auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
     comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
     mine = t.to(torch::kCPU).item<float>();
   }

@@ -71,14 +71,14 @@ inline int mpi_count(int64_t n, const char* op) {
 
 inline std::string mpi_timeout_message(const std::string& op, int rank, int size,
                                        std::chrono::milliseconds timeout) {
-  return "accel: mpi " + op + " did not finish on rank " + std::to_string(rank) + " of " +
+  return "accel: Mpi " + op + " did not finish on rank " + std::to_string(rank) + " of " +
          std::to_string(size) + " within " + std::to_string(timeout.count()) +
          " ms. Another rank did not reach the same collective: check that every rank calls the "
          "collectives in the same order, or raise the timeout.";
 }
 
 inline std::string mpi_failure_message(const std::string& op, int rank, int size, int rc) {
-  return "accel: mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
+  return "accel: Mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
          std::to_string(size) + ": " + mpi_error_string(rc) +
          ". A peer process probably exited, or the ranks passed different sizes or types: look "
          "at the other ranks' errors.";
