@@ -91,12 +91,17 @@ class GlooCommunicator final : public C10dCommunicator {
     return launch("all_gather", [&] { return group_->allgather(outs, ins, o); },
                   unstage(output, out));
   }
+#endif
 
-  /// LibTorch before 2.6: Gloo has no reduce_scatter. All-reduce a copy of
-  /// the input and keep this rank's chunk: one copy of the input and about
+  /// LibTorch before 2.6 has no Gloo reduce_scatter, and 2.6's sums whatever
+  /// the op (seen: Max gave the sum). Other than a 2.6 Sum: all-reduce a copy
+  /// of the input and keep this rank's chunk, one copy of the input and about
   /// twice the traffic of a true reduce-scatter.
   std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
                                        ReduceOp op = ReduceOp::Sum) override {
+#if ACCEL_TORCH_AT_LEAST(2, 6)
+    if (op == ReduceOp::Sum) return C10dCommunicator::reduce_scatter(output, input, op);
+#endif
     runtime::detail::check_world_multiple("reduce_scatter", input, output, size_);
     runtime::detail::check_dense(name_, "reduce_scatter", output);
     std::vector<at::Tensor> ts{stage(input, "reduce_scatter", true).reshape(-1).clone()};
@@ -109,7 +114,6 @@ class GlooCommunicator final : public C10dCommunicator {
                     out.view(-1).copy_(tmp.narrow(0, r * n, n));
                   });
   }
-#endif
 
   /// The underlying process group (for benchmarks and advanced use).
   c10::intrusive_ptr<c10d::ProcessGroupGloo> process_group() const {
