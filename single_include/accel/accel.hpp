@@ -441,8 +441,9 @@ class LocalCommunicator final : public Communicator {
 // begin <accel/detail/torch_version.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file The one place that knows LibTorch versions: ACCEL_TORCH_AT_LEAST(major, minor).
-/// accel builds against LibTorch 1.13 (Debian 12) and 2.x (2.6 on Debian 13,
-/// both in CI); code that differs between them tests this macro, nothing else.
+/// accel builds against LibTorch 1.13 (Debian 12, in CI) and 2.x (2.6 on
+/// Debian 13, tools/test-libtorch2.sh); code that differs between them tests
+/// this macro, nothing else.
 #ifndef ACCEL_DETAIL_TORCH_VERSION_HPP
 #define ACCEL_DETAIL_TORCH_VERSION_HPP
 
@@ -556,7 +557,7 @@ enum class Staging {
 };
 
 /// The Communicator over a c10d process group. Derived classes create the
-/// group (set_group) and may replace the collectives their backend runs
+/// group (make_group) and may replace the collectives their backend runs
 /// differently (LibTorch 1.13's Gloo has no flat all_gather or reduce_scatter).
 class C10dCommunicator : public Communicator {
  public:

@@ -104,7 +104,7 @@ enum class Staging {
 };
 
 /// The Communicator over a c10d process group. Derived classes create the
-/// group (set_group) and may replace the collectives their backend runs
+/// group (make_group) and may replace the collectives their backend runs
 /// differently (LibTorch 1.13's Gloo has no flat all_gather or reduce_scatter).
 class C10dCommunicator : public Communicator {
  public:

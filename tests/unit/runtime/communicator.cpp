@@ -204,35 +204,33 @@ TEST_CASE("gloo collectives on 2 processes through a TCPStore", "[runtime][gloo]
   require_all_zero(codes);
 }
 
-TEST_CASE("gloo collectives on 3 processes through a FileStore", "[runtime][gloo]") {
-  const auto path = scratch("gloo3.store");
-  auto codes = fork_ranks(3, [&](int rank) {
+namespace {
+/// check_collectives on `ranks` Gloo processes meeting in a FileStore.
+void gloo_collectives_over_file_store(const std::string& store_name, int ranks, bool stage_always) {
+  const auto path = scratch(store_name);
+  auto codes = fork_ranks(ranks, [&](int rank) {
     GlooOptions o;
     o.timeout = 30s;
     o.file_store = path;
-    auto comm = make_gloo_communicator(env_for(rank, 3, 0), o);
+    o.stage_always = stage_always;
+    auto comm = make_gloo_communicator(env_for(rank, ranks, 0), o);
+    if (comm->device() != torch::Device(torch::kCPU)) throw std::runtime_error("Gloo's device is the CPU");
     check_collectives(*comm);
   });
   require_all_zero(codes);
   std::filesystem::remove(path);
+}
+}  // namespace
+
+TEST_CASE("gloo collectives on 3 processes through a FileStore", "[runtime][gloo]") {
+  gloo_collectives_over_file_store("gloo3.store", 3, false);
 }
 
 // backend::Gloo on a GPU machine hands CUDA tensors to the communicator,
 // which reduces them in a host copy. stage_always sends CPU tensors down the
 // same path, so the copy in and the copy back are checked here without a GPU.
 TEST_CASE("gloo: tensors staged through a host buffer give the same results", "[runtime][gloo][staging]") {
-  const auto path = scratch("gloo_staged.store");
-  auto codes = fork_ranks(2, [&](int rank) {
-    GlooOptions o;
-    o.timeout = 30s;
-    o.file_store = path;
-    o.stage_always = true;
-    auto comm = make_gloo_communicator(env_for(rank, 2, 0), o);
-    if (comm->device() != torch::Device(torch::kCPU)) throw std::runtime_error("Gloo's device is the CPU");
-    check_collectives(*comm);
-  });
-  require_all_zero(codes);
-  std::filesystem::remove(path);
+  gloo_collectives_over_file_store("gloo_staged.store", 2, true);
 }
 
 TEST_CASE("gloo: a rank that exits makes the other fail within the timeout", "[runtime][gloo]") {
