@@ -15,6 +15,8 @@ packages=(
   libopenblas0-pthread                # without it LibTorch falls back to the slow reference BLAS
   libopenmpi-dev openmpi-bin          # backend::Mpi
   libboost-dev catch2 nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libstb-dev libfmt-dev
+  protobuf-compiler procps xxhash     # tests: protoc reads TensorBoard files, pgrep finds leftover
+                                      # processes, xxhsum checks checkpoint checksums
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch hyperfine); fi
 

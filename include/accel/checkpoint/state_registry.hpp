@@ -5,6 +5,7 @@
 #ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 #define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 
+#include <accel/checkpoint/detail/optimizer_keys.hpp>
 #include <accel/data/loader_options.hpp>
 #include <accel/data/data_loader.hpp>
 #include <accel/detail/training_state.hpp>
@@ -90,19 +91,21 @@ inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize:
     out.write("accel.param_groups/" + std::to_string(i), options);
   }
 }
-inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& in) {
-  opt.load(in);  // checks the group count and sizes (c10::Error)
-  torch::Tensor size;
-  in.read("accel.param_groups/size", size);
-  auto& groups = opt.param_groups();
-  TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
-              "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
-              groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    torch::serialize::InputArchive options;
-    in.read("accel.param_groups/" + std::to_string(i), options);
-    groups[i].options().serialize(options);
-  }
+inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& archive) {
+  load_with_portable_keys(archive, [&opt](torch::serialize::InputArchive& in) {
+    opt.load(in);  // checks the group count and sizes (c10::Error)
+    torch::Tensor size;
+    in.read("accel.param_groups/size", size);
+    auto& groups = opt.param_groups();
+    TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
+                "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
+                groups.size());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      torch::serialize::InputArchive options;
+      in.read("accel.param_groups/" + std::to_string(i), options);
+      groups[i].options().serialize(options);
+    }
+  });
 }
 
 /// What load_state() keeps to put an object back if a later load fails:

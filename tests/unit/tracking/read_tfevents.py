@@ -133,6 +133,8 @@ def main():
         for data in read_records(sys.argv[1]):
             print(json.dumps(decode_event(data), sort_keys=True))
     except ValueError as e:
+        # The events read so far first: the caller reads the error as the last line.
+        sys.stdout.flush()
         print("error: %s" % e, file=sys.stderr)
         return 1
     return 0

@@ -134,8 +134,9 @@ inline std::string find_program(const std::string& name) {
 inline std::string start_ompi_server(std::chrono::milliseconds timeout) {
   const std::string exe = find_program("ompi-server");
   ACCEL_CHECK(!exe.empty(), "accel: backend::Mpi in processes not started by mpirun needs "
-                            "OpenMPI's ompi-server, which is not on PATH. Start the program with "
-                            "`mpirun -np N`, or install OpenMPI's tools.");
+                            "OpenMPI's ompi-server, which is not on PATH (OpenMPI 5 no longer "
+                            "ships it). Start the program with `mpirun -np N`, or use "
+                            "backend::Gloo with notebook_launcher and `accel launch`.");
   const auto uri_file = std::filesystem::temp_directory_path() /
                         ("accel-ompi-server-" + std::to_string(::getpid()) + ".uri");
   std::filesystem::remove(uri_file);
