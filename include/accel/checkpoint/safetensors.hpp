@@ -33,6 +33,10 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 /// Metadata key prefix of a tied (storage-sharing) tensor saved once:
 /// "accel.tied.<alias>" -> "<name of the stored tensor>".
 inline constexpr std::string_view kTiedPrefix = "accel.tied.";
+/// Metadata key of the XXH64 (16 hex digits) of the data buffer, the bytes
+/// after the header. Other safetensors readers ignore it; read_safetensors
+/// checks it when present.
+inline constexpr std::string_view kDataChecksumKey = "accel.data_xxh64";
 
 /// Everything in one safetensors file: tensors (file order, then the tied
 /// aliases, which share the tensor they alias) and the metadata.
@@ -88,16 +92,20 @@ inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
 /// and contiguous, in the given order. Entries that are the same view of the
 /// same memory as an earlier entry are stored once and recorded in metadata
 /// under kTiedPrefix, so load_safetensors returns one shared tensor for both.
-/// metadata gets "format": "pt" unless it sets "format" itself.
-inline void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
+/// metadata gets "format": "pt" unless it sets "format" itself. With
+/// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
+/// Returns the XXH64 of the data buffer.
+inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                                      const std::map<std::string, std::string>& metadata = {},
+                                      bool checksum = true) {
   const std::string source = path.string();
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
   meta["format"] = "pt";
   for (const auto& [k, v] : metadata) {
-    ACCEL_CHECK(k.rfind(kTiedPrefix, 0) != 0, "accel: metadata key '", k, "' for '", source,
-                "' uses the reserved prefix '", kTiedPrefix, "'. Rename the key.");
+    ACCEL_CHECK(k.rfind(kTiedPrefix, 0) != 0 && k != kDataChecksumKey, "accel: metadata key '", k,
+                "' for '", source, "' is reserved by accel (", kTiedPrefix, "*, ",
+                kDataChecksumKey, "). Rename the key.");
     meta[k] = v;
   }
 
@@ -140,6 +148,9 @@ inline void save_safetensors(const std::filesystem::path& path, const NamedTenso
     offset += bytes;
     stored.push_back(std::move(t));
   }
+  // A placeholder of the digest's width, filled in once the data is written.
+  const std::string placeholder(16, '0');
+  if (checksum) meta[std::string(kDataChecksumKey)] = placeholder;
   header[std::string(checkpoint::detail::kMetadataKey)] = std::move(meta);
 
   std::string text = header.dump();
@@ -150,9 +161,23 @@ inline void save_safetensors(const std::filesystem::path& path, const NamedTenso
   checkpoint::detail::AtomicFile file(path);
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
-  for (const torch::Tensor& t : stored)
-    file.write(t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size());
+  checkpoint::detail::Xxh64 data_hash;
+  for (const torch::Tensor& t : stored) {
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    data_hash.update(t.data_ptr(), bytes);
+    file.write(t.data_ptr(), bytes);
+  }
+  if (checksum) {
+    // Keys are JSON strings, so `"key":"` with bare quotes is the entry itself.
+    const std::string field = "\"" + std::string(kDataChecksumKey) + "\":\"" + placeholder;
+    const auto at = text.find(field);
+    ACCEL_CHECK(at != std::string::npos, "accel: internal error: no checksum field in the header of '",
+                source, "'");
+    const std::string digest = checkpoint::detail::to_hex(data_hash.digest());
+    file.write_at(sizeof prefix + at + field.size() - placeholder.size(), digest.data(), digest.size());
+  }
   file.commit();
+  return data_hash.digest();
 }
 
 /// Reads a safetensors file after validating its header (see
@@ -163,6 +188,14 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   checkpoint::detail::ReadFile file(path);
   SafetensorsContents out;
   out.metadata = header.metadata;
+  std::optional<std::uint64_t> expected;
+  if (const auto it = header.metadata.find(std::string(kDataChecksumKey)); it != header.metadata.end()) {
+    expected = checkpoint::detail::from_hex(it->second);
+    if (!expected)
+      checkpoint::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
+                                                  " entry is not 16 hex digits");
+  }
+  checkpoint::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& info : header.tensors) {
     const auto dtype = detail::to_torch_dtype(info.dtype);
@@ -178,6 +211,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     }
     file.read_at(header.data_start + info.begin, t.data_ptr(),
                  static_cast<std::size_t>(info.end - info.begin));
+    data_hash.update(t.data_ptr(), static_cast<std::size_t>(info.end - info.begin));
     if (*dtype == torch::kBool) {
       // Any byte other than 0/1 in a bool tensor is undefined behaviour in ATen.
       const auto* b = static_cast<const std::uint8_t*>(t.data_ptr());
@@ -189,6 +223,11 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     by_name.emplace(info.name, t);
     out.tensors.emplace_back(info.name, std::move(t));
   }
+  if (expected && data_hash.digest() != *expected)
+    throw Error(accel::detail::concat(
+        "accel: the safetensors file '", source, "' is corrupt: its tensor data changed after it "
+        "was written (XXH64 ", checkpoint::detail::to_hex(data_hash.digest()), ", its header records ",
+        checkpoint::detail::to_hex(*expected), "). Load another copy, or write it again."));
   for (const auto& [key, target] : header.metadata) {
     if (key.rfind(kTiedPrefix, 0) != 0) continue;
     const std::string alias = key.substr(kTiedPrefix.size());

@@ -34,6 +34,9 @@ struct SaveModelOptions {
   /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
   /// a shard of its own.
   std::string max_shard_size = "10GB";
+  /// Each file's header records the XXH64 of its data (metadata entry
+  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
+  bool checksum = true;
 };
 
 }  // namespace accel
@@ -301,14 +304,14 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
 
   std::set<std::string> written;
   if (shards.size() == 1) {
-    save_safetensors(dir / kModelFile, shards[0]);
+    save_safetensors(dir / kModelFile, shards[0], {}, options.checksum);
     written.insert(std::string(kModelFile));
   } else {
     nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
                             {"weight_map", nlohmann::json::object()}};
     for (std::size_t i = 0; i < shards.size(); ++i) {
       const std::string name = detail::shard_name(i + 1, shards.size());
-      save_safetensors(dir / name, shards[i]);
+      save_safetensors(dir / name, shards[i], {}, options.checksum);
       written.insert(name);
       // Only stored tensors, as Hugging Face lists them; tied names live in
       // the shard's metadata.

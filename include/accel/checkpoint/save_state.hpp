@@ -7,7 +7,8 @@
 ///
 ///   accel_state.json          main   format, accel version, world size, step
 ///                                    counters, how many of each kind, automatic
-///                                    checkpoint number; written last
+///                                    checkpoint number, the XXH64 of every other
+///                                    file ("xxh64"); written last
 ///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
 ///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
 ///                                    optimizer_rank<r>.pt per process when the
@@ -22,8 +23,8 @@
 /// the processes agree that all files are in, then the main process renames
 /// the directory into place (see detail::commit_directory). A process killed
 /// at any point leaves the previous checkpoint complete and loadable.
-/// Loading validates every file on every process, and the processes agree,
-/// before anything is changed; objects restored through torch archives are
+/// Loading checks every file's checksum and validates it on every process,
+/// and the processes agree, before anything is changed; objects restored through torch archives are
 /// rolled back if one of them still fails.
 #ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
 #define ACCEL_CHECKPOINT_SAVE_STATE_HPP
@@ -52,6 +53,11 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   const int rank = comm.rank();
   const bool main = rank == 0;
   const bool automatic = !dir.has_value();
+  // Accelerate ignores the directory given when automatic naming is on.
+  ACCEL_CHECK(automatic || !options.automatic_checkpoint_naming,
+              "accel: AcceleratorOptions::automatic_checkpoint_naming is on, so save_state() "
+              "writes project_dir/checkpoints/checkpoint_<N>, not '", dir->string(),
+              "'. Call save_state() without a directory, or turn automatic naming off.");
   fs::path base;
   fs::path target;
   if (automatic) {
@@ -91,12 +97,24 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   }
   agree(reg, err, "save_state (creating the directory)", kSaveKept);
 
+  // A failed save leaves nothing behind: the previous checkpoint, untouched.
+  const auto remove_stage = [&] {
+    std::error_code ec;
+    if (main) fs::remove_all(stage, ec);
+  };
+  Checksums sums;
   try {
-    write_process_files(reg, stage, rank);
+    sums = write_process_files(reg, stage, rank);
   } catch (...) {
     err = std::current_exception();
   }
-  agree(reg, err, "save_state (writing the files)", kSaveKept);
+  try {
+    agree(reg, err, "save_state (writing the files)", kSaveKept);
+  } catch (...) {
+    remove_stage();
+    throw;
+  }
+  sums = gather_checksums(reg, std::move(sums));
 
   if (main) {
     try {
@@ -115,7 +133,8 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
-          {"loss_scaler", reg.scaler != nullptr}};
+          {"loss_scaler", reg.scaler != nullptr},
+          {"xxh64", checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
       fsync_path(stage, true);
       crash_point("before_commit");
@@ -128,6 +147,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       }
     } catch (...) {
       err = std::current_exception();
+      remove_stage();
     }
   }
   agree(reg, err, "save_state (committing the directory)", kSaveKept);

@@ -11,6 +11,8 @@
 #include <iterator>
 
 #include "catch.hpp"
+#include "paths.hpp"
+#include "xxhsum.hpp"
 #include <nlohmann/json.hpp>
 
 #include "workload.hpp"
@@ -19,13 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  auto dir = fs::path(base ? base : "/tmp") / "resume" / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& name) { return accel_test::fresh_dir("resume", name); }
 
 struct Counter {
   int64_t step = 0;
@@ -161,7 +157,7 @@ TEST_CASE("W on 2 Gloo processes: 10 steps, save, new processes, load, 10 steps 
   exact_resume_of_w<accel::precision::Bf16>("w_bf16");
 }
 
-TEST_CASE("shuffled resume across epochs with a mid-epoch checkpoint; SIGKILL during save_state",
+TEST_CASE("shuffled resume across epochs with a mid-epoch checkpoint, and SIGKILL during save_state",
           "[checkpoint][resume][gloo][sigkill]") {
   using P = accel::precision::Fp32;
   const auto dir = scratch("shuffle");
@@ -208,6 +204,27 @@ TEST_CASE("ZeRO-1 (ShardOptimizer): per-process optimizer files, shuffled resume
   CHECK(!fs::exists(dir / "ckpt" / "optimizer.pt"));
   launch<P, S>(dir / "resumed", dir / "ckpt", kResume, false);
   check_identical(dir / "full", dir / "resumed");
+
+  // Rank 0 records rank 1's checksums too (gathered at save time).
+  const auto sums = nlohmann::json::parse(std::ifstream(dir / "ckpt" / "accel_state.json")).at("xxh64");
+  for (const char* file : {"optimizer_rank0.pt", "optimizer_rank1.pt", "random_states_1.pt", "loaders_1.json"}) {
+    INFO(file);
+    CHECK(sums.at(file).get<std::string>() == accel_test::xxhsum(dir / "ckpt" / file));
+  }
+  // One flipped bit in rank 1's own file: the launcher reports rank 1's own
+  // error, and rank 0 as failing because of it (Accelerate prints neither).
+  {
+    const auto file = dir / "ckpt" / "optimizer_rank1.pt";
+    const std::string good = bytes(file);
+    std::string bad = good;
+    bad[bad.size() / 2] ^= 0x01;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bad;
+    CHECK_THROWS_WITH((launch<P, S>(dir / "unused", dir / "ckpt", kResume, false)),
+                      Catch::Matchers::StartsWith("accel: process 1 failed: accel: the checkpoint file '") &&
+                          Catch::Matchers::ContainsSubstring("optimizer_rank1.pt' is corrupt") &&
+                          Catch::Matchers::ContainsSubstring("; process 0 failed because of it"));
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << good;
+  }
 
   // Saved with other buckets: each rank's file holds other chunks. An
   // explicit error before anything is loaded, not a shape mismatch later.

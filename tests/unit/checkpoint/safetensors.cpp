@@ -4,6 +4,8 @@
 #include <accel/checkpoint/safetensors.hpp>
 
 #include "catch.hpp"
+#include "paths.hpp"
+#include "xxhsum.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -21,14 +23,9 @@ using accel::checkpoint::save_safetensors;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  const char* env = std::getenv("ACCEL_TEST_TMP");
-  const fs::path dir = fs::path(env ? env : fs::temp_directory_path().string()) / "safetensors";
-  fs::create_directories(dir);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return accel_test::scratch("safetensors", name); }
 
-fs::path source_dir() { return fs::path(__FILE__).parent_path(); }
+fs::path source_dir() { return accel_test::source_dir() / "unit" / "checkpoint"; }
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -111,7 +108,7 @@ TEST_CASE("safetensors round-trips every supported dtype", "[checkpoint][safeten
 
 TEST_CASE("safetensors writes the exact Hugging Face byte layout", "[checkpoint][safetensors]") {
   const fs::path p = scratch("layout.safetensors");
-  save_safetensors(p, {{"x", torch::tensor({1.0f, 2.0f})}});
+  save_safetensors(p, {{"x", torch::tensor({1.0f, 2.0f})}}, {}, /*checksum=*/false);
   // Hand-computed: 85 bytes of JSON (keys sorted), padded with 3 spaces to 88
   // = 0x58 so the data starts 8-aligned, then 1.0f and 2.0f little-endian.
   const std::string json =
@@ -120,6 +117,31 @@ TEST_CASE("safetensors writes the exact Hugging Face byte layout", "[checkpoint]
   const std::string expected = std::string("\x58\0\0\0\0\0\0\0", 8) + json + "   " +
                                std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
   CHECK(read_bytes(p) == expected);
+}
+
+TEST_CASE("safetensors records the XXH64 of its data, and a flipped bit is an error",
+          "[checkpoint][safetensors][checksum]") {
+  const fs::path p = scratch("checksum.safetensors");
+  torch::manual_seed(3);
+  const auto w = torch::randn({64, 33});
+  const auto digest = save_safetensors(p, {{"w", w}, {"b", torch::arange(5)}}, {{"k", "v"}});
+  const auto header = accel::checkpoint::detail::read_safetensors_header(p);
+  // The header keeps Hugging Face's layout, one more metadata string.
+  CHECK(header.metadata.at("format") == "pt");
+  CHECK(header.metadata.at("accel.data_xxh64") == accel::checkpoint::detail::to_hex(digest));
+  CHECK(header.metadata.at("accel.data_xxh64") == accel_test::xxhsum(p, header.data_start));
+  CHECK(torch::equal(load_safetensors(p).at(0).second, w));
+
+  std::string bytes = read_bytes(p);
+  bytes[header.data_start + header.data_size / 2] ^= 0x10;  // one bit in the middle of w
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+  require_rejected(p, "is corrupt: its tensor data changed after it was written");
+
+  // Without the entry (files of other writers) the same bytes load unchecked.
+  const fs::path plain = scratch("no_checksum.safetensors");
+  save_safetensors(plain, {{"w", w}}, {}, /*checksum=*/false);
+  CHECK(accel::checkpoint::detail::read_safetensors_header(plain).metadata.count("accel.data_xxh64") == 0);
+  CHECK(torch::equal(load_safetensors(plain).at(0).second, w));
 }
 
 TEST_CASE("safetensors saves storage-sharing tensors once", "[checkpoint][safetensors]") {
@@ -148,7 +170,9 @@ TEST_CASE("safetensors writer rejects what the format cannot hold", "[checkpoint
                     Catch::Matchers::ContainsSubstring("cannot hold"));
   CHECK_THROWS_WITH(save_safetensors(p, {{"u", torch::Tensor()}}), Catch::Matchers::ContainsSubstring("undefined"));
   CHECK_THROWS_WITH(save_safetensors(p, {{"a", t}}, {{"accel.tied.x", "a"}}),
-                    Catch::Matchers::ContainsSubstring("reserved prefix"));
+                    Catch::Matchers::ContainsSubstring("is reserved by accel"));
+  CHECK_THROWS_WITH(save_safetensors(p, {{"a", t}}, {{"accel.data_xxh64", "0"}}),
+                    Catch::Matchers::ContainsSubstring("is reserved by accel"));
   CHECK_FALSE(fs::exists(p));
   CHECK_THROWS_WITH(save_safetensors(scratch("no/such/dir/x.safetensors"), {{"a", t}}),
                     Catch::Matchers::StartsWith("accel: cannot create a temporary file"));
@@ -334,8 +358,7 @@ TEST_CASE("an independent Python reader agrees with accel's file",
           "[checkpoint][safetensors][interop]") {
   const char* python = "/usr/bin/python3";
   if (!fs::exists(python)) {
-    WARN("skipped: " << python << " not found");
-    return;
+    ACCEL_TEST_SKIP(python << " not found");
   }
   const auto a = torch::arange(6, torch::kFloat32).reshape({2, 3});
   const fs::path p = scratch("for_python.safetensors");

@@ -4,6 +4,7 @@
 #include <accel/checkpoint/save_model.hpp>
 
 #include "catch.hpp"
+#include "paths.hpp"
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -23,13 +24,7 @@ using accel::checkpoint::save_module;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const char* env = std::getenv("ACCEL_TEST_TMP");
-  const fs::path dir = fs::path(env ? env : fs::temp_directory_path().string()) / "save_model" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return accel_test::fresh_dir("save_model", name); }
 
 std::set<std::string> files_in(const fs::path& dir) {
   std::set<std::string> out;
@@ -167,6 +162,13 @@ TEST_CASE("save_module shards greedily with Hugging Face names and index",
 )";
   CHECK(read_text(dir / "model.safetensors.index.json") == expected_index);
   CHECK(accel::checkpoint::load_safetensors(dir / s3).size() == 3);
+  // Every shard records its data's checksum (SaveModelOptions::checksum)...
+  for (const auto& s : {s1, s2, s3, s4})
+    CHECK(accel::checkpoint::detail::read_safetensors_header(dir / s).metadata.count("accel.data_xxh64") == 1);
+  // ...unless asked not to.
+  const fs::path plain = fresh_dir("no_checksum");
+  save_module(*net, plain, {.max_shard_size = "50", .checksum = false});
+  CHECK(accel::checkpoint::detail::read_safetensors_header(plain / s1).metadata.count("accel.data_xxh64") == 0);
 
   auto other = make_net(5);
   load_module(*other, dir);

@@ -18,10 +18,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -63,25 +64,83 @@ inline void fsync_path(const fs::path& p, bool directory) {
   if (rc != 0 && !directory) fail_io("flush", p, err);
 }
 
-inline void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+/// Writes an archive atomically through accel's own file, so that a failed
+/// write (a full disk) is an error naming the path and errno rather than
+/// LibTorch's "unexpected pos" (and its abort: its writer's destructor throws
+/// again), and the checksum comes with the write.
+inline std::uint64_t save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  AtomicFile file(path);
+  std::exception_ptr io_error;
+  const auto write = [&](const void* data, std::size_t size) -> std::size_t {
+    // After a failed write the rest is dropped but reported as written, so
+    // that LibTorch finishes its archive normally; the error is thrown below.
+    if (io_error) return size;
+    try {
+      if (data != nullptr) {
+        file.write(data, size);
+      } else {  // LibTorch's "skip ahead": a hole, zeros in a new file
+        const std::string zeros(size, '\0');
+        file.write(zeros.data(), size);
+      }
+      return size;
+    } catch (...) {
+      io_error = std::current_exception();
+      return size;
+    }
+  };
   try {
-    archive.save_to(path.string());
+    archive.save_to(write);
   } catch (const c10::Error& e) {
+    if (io_error) std::rethrow_exception(io_error);
     throw Error(accel::detail::concat("accel: cannot write '", path.string(), "': ",
                                       e.what_without_backtrace(),
                                       ". Check the path, its permissions and the free disk space."));
   }
-  fsync_path(path, false);
+  if (io_error) std::rethrow_exception(io_error);
+  file.commit();
+  return file.checksum();
 }
 
-/// A whole archive, parsed; a truncated or corrupt file is an accel::Error.
-inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path) {
+[[noreturn]] inline void fail_missing(const fs::path& path) {
+  throw Error("accel: the checkpoint file '" + path.string() +
+              "' is missing. Load a directory written completely by save_state().");
+}
+
+[[noreturn]] inline void fail_checksum(const fs::path& path, std::uint64_t actual, std::uint64_t expected) {
+  throw Error(accel::detail::concat(
+      "accel: the checkpoint file '", path.string(),
+      "' is corrupt: its bytes changed after save_state() wrote them (XXH64 ", to_hex(actual),
+      ", recorded ", to_hex(expected), "). Load another checkpoint, or restore this file from a copy."));
+}
+
+/// The file's bytes (a small file), checked against the checksum save_state
+/// recorded for it (none: a checkpoint written before accel recorded them).
+inline std::string read_checked(const fs::path& path, std::optional<std::uint64_t> expected) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error("accel: the checkpoint file '" + path.string() +
-                "' is missing. Load a directory written completely by save_state().");
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  std::string bytes = read_whole_file(path);
+  if (expected) {
+    Xxh64 hash;
+    hash.update(bytes);
+    if (hash.digest() != *expected) fail_checksum(path, hash.digest(), *expected);
+  }
+  return bytes;
+}
+
+/// A whole archive, checked and parsed; a truncated or corrupt file is an
+/// accel::Error. The check reads the file once more (from the page cache)
+/// rather than holding a copy of it in memory: optimizer files are large.
+inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path,
+                         std::optional<std::uint64_t> expected,
+                         c10::optional<torch::Device> device = c10::nullopt) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  if (expected) {
+    const auto actual = file_checksum(path);
+    if (actual != *expected) fail_checksum(path, actual, *expected);
+  }
   try {
-    archive.load_from(path.string());
+    archive.load_from(path.string(), device);
   } catch (const c10::Error& e) {
     throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
                                       "' is truncated or corrupt (", e.what_without_backtrace(),
@@ -89,20 +148,15 @@ inline void load_archive(torch::serialize::InputArchive& archive, const fs::path
   }
 }
 
-inline void write_json(const fs::path& path, const nlohmann::json& j) {
-  write_file_atomic(path, j.dump(2) + "\n");
+inline std::uint64_t write_json(const fs::path& path, const nlohmann::json& j) {
+  return write_file_atomic(path, j.dump(2) + "\n");
 }
 
-inline nlohmann::json read_json(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error("accel: the checkpoint file '" + path.string() +
-                "' is missing. Load a directory written completely by save_state().");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
+inline nlohmann::json read_json(const fs::path& path,
+                                std::optional<std::uint64_t> expected = std::nullopt) {
+  const std::string text = read_checked(path, expected);
   try {
-    auto j = nlohmann::json::parse(text.str());
+    auto j = nlohmann::json::parse(text);
     if (!j.is_object()) throw std::runtime_error("not a JSON object");
     return j;
   } catch (const std::exception& e) {
@@ -165,6 +219,10 @@ inline fs::path readable_checkpoint(const fs::path& target) {
   if (fs::is_directory(target, ec)) return target;
   const fs::path old = target.string() + ".accel-old";
   if (!fs::exists(target, ec) && fs::is_directory(old, ec)) return old;
+  if (fs::exists(target, ec))
+    throw Error("accel: the checkpoint path '" + target.string() +
+                "' is a file, not a directory. Pass the directory save_state() wrote (the one "
+                "holding accel_state.json).");
   throw Error("accel: the checkpoint directory '" + target.string() +
               "' does not exist. Pass a directory written by save_state().");
 }

@@ -13,6 +13,8 @@
 #include <accel/options.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <optional>
@@ -86,8 +88,8 @@ inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char*
   const int failed = failed_rank(reg, err == nullptr);
   if (err) std::rethrow_exception(err);
   if (failed >= 0)
-    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed,
-                                      " (its own error says why); ", consequence,
+    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",
+                                      accel::detail::kFailedElsewhere, "; ", consequence,
                                       ". Fix the cause reported by that process and retry."));
 }
 inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
@@ -106,12 +108,47 @@ inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int r
              : indexed_name("optimizer", i, ".pt");
 }
 
-/// This process's files of a checkpoint, into stage.
-inline void write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
+inline std::string random_states_file(int rank) {
+  return "random_states_" + std::to_string(rank) + ".pt";
+}
+inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+
+/// The files the main process writes and every process reads.
+inline std::vector<std::string> main_files(const StateRegistry& reg) {
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  if (!reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
+  if (reg.scaler) files.push_back("scaler.json");
+  return files;
+}
+
+/// The files process `rank` writes and reads itself; as many on every process.
+inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
+  std::vector<std::string> files;
+  if (reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+  files.push_back(random_states_file(rank));
+  files.push_back(loaders_file(rank));
+  return files;
+}
+
+/// File name -> XXH64, as accel_state.json's "xxh64" records them: of the
+/// whole file, except for .safetensors files: of their data buffer (the value
+/// their header's accel.data_xxh64 holds too).
+using Checksums = std::map<std::string, std::uint64_t>;
+
+/// This process's files of a checkpoint, into stage; returns their checksums.
+inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
   const bool main = rank == 0;
+  Checksums sums;
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
-      save_safetensors(stage / indexed_name("model", i, ".safetensors"), module_state(*reg.models[i]));
+      const std::string name = indexed_name("model", i, ".safetensors");
+      sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");
     }
   }
@@ -119,7 +156,8 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
     for (std::size_t i = 0; i < items.size(); ++i) {
       torch::serialize::OutputArchive out;
       items[i].save(out);
-      save_archive(out, stage / name_of(i));
+      const std::string name = name_of(i);
+      sums[name] = save_archive(out, stage / name);
     }
   };
   if (main || reg.optimizer_per_rank)
@@ -130,20 +168,51 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
       return "custom_checkpoint_" + std::to_string(i) + ".pt";
     });
     if (reg.scaler)
-      write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
-                                         {"growth_tracker", reg.scaler->growth_tracker()}});
+      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
+                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);
-  save_archive(rng, stage / ("random_states_" + std::to_string(rank) + ".pt"));
+  sums[random_states_file(rank)] = save_archive(rng, stage / random_states_file(rank));
   crash_point("writing");
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
     loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
   }
-  write_json(stage / ("loaders_" + std::to_string(rank) + ".json"),
-             {{"rank", rank}, {"loaders", loaders}});
+  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
+  return sums;
+}
+
+/// Every process's checksums, on every process: one all-reduce (sum) of a
+/// [processes, own files] table in which each process fills its own row.
+inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
+  auto& comm = *reg.state->comm;
+  const int world = comm.size();
+  if (world == 1) return mine;
+  const auto count = static_cast<int64_t>(own_files(reg, 0).size());
+  auto table = torch::zeros({world, count}, torch::kLong);
+  {
+    const auto names = own_files(reg, comm.rank());
+    auto row = table[comm.rank()];
+    for (int64_t j = 0; j < count; ++j)
+      row[j] = std::bit_cast<int64_t>(mine.at(names[static_cast<std::size_t>(j)]));
+  }
+  table = table.to(comm.device());
+  comm.all_reduce(table, runtime::ReduceOp::Sum)->wait();
+  table = table.to(torch::kCPU);
+  for (int r = 0; r < world; ++r) {
+    const auto names = own_files(reg, r);
+    for (int64_t j = 0; j < count; ++j)
+      mine[names[static_cast<std::size_t>(j)]] = std::bit_cast<std::uint64_t>(table[r][j].item<int64_t>());
+  }
+  return mine;
+}
+
+inline nlohmann::json checksums_json(const Checksums& sums) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, sum] : sums) j[name] = to_hex(sum);
+  return j;
 }
 
 }  // namespace detail

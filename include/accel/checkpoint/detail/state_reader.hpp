@@ -6,6 +6,8 @@
 
 #include <accel/checkpoint/detail/state_layout.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -79,15 +81,8 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
 
   // Every missing file at once.
-  std::vector<std::string> files;
-  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
-  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
-  for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
-  if (reg.scaler) files.push_back("scaler.json");
-  files.push_back("random_states_" + std::to_string(rank) + ".pt");
-  files.push_back("loaders_" + std::to_string(rank) + ".json");
+  std::vector<std::string> files = main_files(reg);
+  for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
   std::vector<std::string> missing;
   std::error_code ec;
   for (const auto& f : files)
@@ -95,39 +90,66 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
               ". Load a directory written completely by save_state().");
 
+  // The checksums save_state recorded (none in checkpoints written before it recorded them).
+  std::optional<Checksums> sums;
+  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
+    sums.emplace();
+    const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
+      const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
+      return value.has_value();
+    });
+    ACCEL_CHECK(valid, "accel: the checkpoint file '", state_file.string(),
+                "' has no valid 'xxh64' entry. Load a directory written by save_state().");
+    for (auto e = it->begin(); e != it->end(); ++e) (*sums)[e.key()] = *from_hex(e.value().get<std::string>());
+  }
+  const auto expected = [&](const std::string& name) -> std::optional<std::uint64_t> {
+    if (!sums) return std::nullopt;
+    const auto it = sums->find(name);
+    ACCEL_CHECK(it != sums->end(), "accel: the checkpoint file '", state_file.string(),
+                "' records no checksum for '", name, "'. Load a directory written completely by "
+                "save_state().");
+    return it->second;
+  };
+
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    const fs::path f = dir / indexed_name("model", i, ".safetensors");
-    s.models.push_back(load_safetensors(f));
+    const std::string name = indexed_name("model", i, ".safetensors");
+    const fs::path f = dir / name;
+    auto contents = read_safetensors(f);  // checks the data against the header's checksum
+    if (const auto want = expected(name)) {
+      const auto it = contents.metadata.find(std::string(kDataChecksumKey));
+      const auto have = it == contents.metadata.end() ? std::nullopt : from_hex(it->second);
+      ACCEL_CHECK(have == want, "accel: the checkpoint file '", f.string(),
+                  "' is not the file save_state() wrote there (its data checksum is ",
+                  have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
+                  to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
+    }
+    s.models.push_back(std::move(contents.tensors));
     check_model(s.models.back(), *reg.models[i], f);
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-    const fs::path f = dir / optimizer_file(reg, i, rank);
-    std::error_code e;
-    ACCEL_CHECK(fs::is_regular_file(f, e), "accel: the checkpoint file '", f.string(), "' is missing.");
-    try {
-      s.optimizers[i].load_from(f.string(), reg.state->device);
-    } catch (const c10::Error& err) {
-      throw Error(accel::detail::concat("accel: the checkpoint file '", f.string(),
-                                        "' is truncated or corrupt (", err.what_without_backtrace(),
-                                        "). Load another checkpoint, or save this one again."));
-    }
+    const std::string name = optimizer_file(reg, i, rank);
+    load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
   }
   s.schedulers.resize(reg.schedulers.size());
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
-    load_archive(s.schedulers[i], dir / indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
+    const std::string name = indexed_name("scheduler", i, ".pt");
+    load_archive(s.schedulers[i], dir / name, expected(name));
+  }
   s.custom.resize(reg.custom.size());
-  for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    load_archive(s.custom[i], dir / ("custom_checkpoint_" + std::to_string(i) + ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i) {
+    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
+    load_archive(s.custom[i], dir / name, expected(name));
+  }
   {
-    const fs::path f = dir / ("random_states_" + std::to_string(rank) + ".pt");
+    const fs::path f = dir / random_states_file(rank);
     torch::serialize::InputArchive rng;
-    load_archive(rng, f);
+    load_archive(rng, f, expected(random_states_file(rank)));
     s.generators = GeneratorStates::read(rng, f);
   }
   {
-    const fs::path f = dir / ("loaders_" + std::to_string(rank) + ".json");
-    const auto j = read_json(f);
+    const fs::path f = dir / loaders_file(rank);
+    const auto j = read_json(f, expected(loaders_file(rank)));
     const auto list_j = j.find("loaders");
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
@@ -141,7 +163,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   if (reg.scaler) {
     const fs::path f = dir / "scaler.json";
-    const auto j = read_json(f);
+    const auto j = read_json(f, expected("scaler.json"));
     s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
     ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
                 "' holds an invalid loss scale. Save the checkpoint again.");
