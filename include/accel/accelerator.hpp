@@ -38,13 +38,6 @@
 namespace accel {
 
 namespace detail {
-inline bool env_flag(const char* name) {
-  auto v = runtime::detail::getenv_str(name);
-  if (!v) return false;
-  std::string s = *v;
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
-}
 
 /// The parameters of a prepared model, or of a range of tensors.
 template <class T>
@@ -88,7 +81,7 @@ class Accelerator {
     if (state_->device.is_cuda()) torch::cuda::synchronize(state_->device.index());
     state_->comm = Backend::make_communicator(env_, options_);
     state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
-    debug_ = detail::env_flag("ACCEL_DEBUG_MODE");
+    debug_ = runtime::detail::getenv_flag("ACCEL_DEBUG_MODE");
     if constexpr (Precision::loss_scaling) install_loss_scaler();
   }
 
@@ -229,14 +222,18 @@ class Accelerator {
 
   class MainProcessFirst {
    public:
-    MainProcessFirst(runtime::Communicator& comm, bool main) : comm_(&comm), main_(main) {
+    MainProcessFirst(runtime::Communicator& comm, bool main)
+        : comm_(&comm), main_(main), unwinding_(std::uncaught_exceptions()) {
       if (!main_) comm_->barrier();
     }
+    /// A block that throws on the main process skips the barrier: a barrier
+    /// failing during unwinding would be std::terminate; the others then fail
+    /// in theirs, as their peer is gone.
     ~MainProcessFirst() noexcept(false) {
-      if (comm_ && main_) comm_->barrier();
+      if (comm_ && main_ && std::uncaught_exceptions() == unwinding_) comm_->barrier();
     }
     MainProcessFirst(MainProcessFirst&& o) noexcept
-        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_) {}
+        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_), unwinding_(o.unwinding_) {}
     MainProcessFirst(const MainProcessFirst&) = delete;
     MainProcessFirst& operator=(const MainProcessFirst&) = delete;
     MainProcessFirst& operator=(MainProcessFirst&&) = delete;
@@ -244,6 +241,7 @@ class Accelerator {
    private:
     runtime::Communicator* comm_;
     bool main_;
+    int unwinding_;  ///< exceptions in flight at construction
   };
   /// The main process runs the block first (downloads, preprocessing), the
   /// others after it finished.

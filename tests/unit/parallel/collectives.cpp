@@ -4,10 +4,13 @@
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <string>
+#include <thread>
+
+#include <unistd.h>
 
 #include "catch.hpp"
 
-#include "scratch.hpp"
+#include "paths.hpp"
 
 namespace {
 
@@ -142,10 +145,54 @@ void load_after_prepare_body(std::string file) {
   expect(moved, "the optimizer did not update the loaded parameters");
 }
 
+
+// Two backward passes before one step, with the first pass's all-reduce still
+// running (64 MB, started from backward): the second pass must not add into
+// the bucket under it. Rank r's passes give r+1 and 10(r+1): the step sees
+// the mean over ranks of their sum.
+template <class Shard>
+void two_backwards_body() {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.bucket_cap_mb = 100.0, .overlap_gradient_sync = true});
+  const int64_t n = int64_t{16} << 20;
+  struct Scale : torch::nn::Module {
+    torch::Tensor w;
+    Scale(int64_t size) { w = register_parameter("w", torch::ones({size})); }
+    torch::Tensor forward(const torch::Tensor& x) { return (x * w).sum(); }
+  };
+  auto model = std::make_shared<Scale>(n);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+  auto [m, opt] = acc.prepare(model, sgd);
+  const float r = static_cast<float>(acc.process_index() + 1);
+  const float mean = 11.0f * static_cast<float>(acc.num_processes() + 1) / 2.0f;
+  for (int step = 1; step <= 4; ++step) {  // a race: each step is another chance to lose it
+    opt.zero_grad();
+    acc.backward(m(torch::full({n}, r)));
+    acc.backward(m(torch::full({n}, 10 * r)));
+    opt.step();
+    const auto wrong =
+        model->w.detach().ne(1.0f - static_cast<float>(step) * mean).sum().template item<int64_t>();
+    expect(wrong == 0, "step " + std::to_string(step) + ": " + std::to_string(wrong) + " of " +
+                           std::to_string(n) +
+                           " parameters were not stepped by the mean of both passes' gradients");
+  }
+}
+
+
+// Rank 1 is gone; the main process's block throws: its own error must come
+// out, not std::terminate from a barrier that fails during unwinding.
+void main_first_throws_body() {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  if (acc.process_index() == 1) ::_exit(3);
+  auto first = acc.main_process_first();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  throw std::runtime_error("the download failed");
+}
+
 }  // namespace
 
 TEST_CASE("Module::load after prepare() keeps gradients synchronised", "[parallel][gloo][load]") {
-  const std::string file = test_support::scratch("parallel", "load_after_prepare").string() + ".pt";
+  const std::string file = accel_test::scratch("parallel", "load_after_prepare").string() + ".pt";
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::Replicate>,
                                            std::make_tuple(file), procs(2)));
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::ShardOptimizer>,
@@ -166,6 +213,21 @@ TEST_CASE("gather_for_metrics drops the wrap-around duplicates", "[parallel][glo
   REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, true), procs(2)));
   // Divisible: nothing duplicated, nothing dropped.
   REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{12}, int64_t{3}, false), procs(2)));
+}
+
+TEST_CASE("a second backward while the first one's all-reduce runs adds after it", "[parallel][gloo][overlap]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::Replicate>, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::ShardOptimizer>, std::make_tuple(), procs(2)));
+}
+
+TEST_CASE("main_process_first: a block that throws on the main process reports its error", "[parallel][gloo][main_first]") {
+  try {
+    accel::notebook_launcher(main_first_throws_body, std::make_tuple(), procs(2));
+    FAIL("the launch succeeded");
+  } catch (const accel::LaunchError& e) {
+    CHECK(e.rank() == 1);
+    CHECK_THAT(std::string(e.what()), Catch::Matchers::ContainsSubstring("process 0 failed too: the download failed"));
+  }
 }
 
 TEST_CASE("parameters without gradient do not hang the step", "[parallel][gloo][unused]") {

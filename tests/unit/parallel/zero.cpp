@@ -9,12 +9,12 @@
 
 #include "catch.hpp"
 
-#include "scratch.hpp"
+#include "paths.hpp"
 #include "workload.hpp"
 
 namespace {
 
-std::filesystem::path scratch(const std::string& name) { return test_support::scratch("parallel", name); }
+std::filesystem::path scratch(const std::string& name) { return accel_test::scratch("parallel", name); }
 
 struct Run {
   int micro_steps = 20;
@@ -232,14 +232,42 @@ void optimizer_missing_a_parameter(int) {
   torch::optim::Adam adam(std::vector<torch::Tensor>{model->weight}, torch::optim::AdamOptions(1e-3));
   auto [m, opt] = acc.prepare(model, adam);
 }
+
+// The weight grows from 12 to 15 values after prepare(): copied back into the
+// bucket it would overwrite the bias next to it.
+void parameter_changes_shape(int) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, accel::shard::ShardOptimizer> acc;
+  auto model = torch::nn::Linear(4, 3);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto [m, opt] = acc.prepare(model, adam);
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.set_data(torch::zeros({3, 5}));
+  }
+  opt.step();
+}
 }  // namespace
 
-TEST_CASE("A sharded optimizer must hold every trainable parameter of its model",
-          "[parallel][gloo][zero]") {
+namespace {
+/// Runs body on 2 processes; the launch must fail with `message`.
+void require_refused(void (*body)(int), const std::string& message) {
   accel::LaunchOptions lo;
   lo.num_processes = 2;
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(120);
-  REQUIRE_THROWS_WITH(accel::notebook_launcher(optimizer_missing_a_parameter, std::make_tuple(0), lo),
-                      Catch::Matchers::ContainsSubstring("requires a gradient but is in no parameter group of the optimizer"));
+  REQUIRE_THROWS_WITH(accel::notebook_launcher(body, std::make_tuple(0), lo),
+                      Catch::Matchers::ContainsSubstring(message));
+}
+}  // namespace
+
+TEST_CASE("A sharded optimizer must hold every trainable parameter of its model",
+          "[parallel][gloo][zero]") {
+  require_refused(optimizer_missing_a_parameter,
+                  "requires a gradient but is in no parameter group of the optimizer");
+}
+
+TEST_CASE("A sharded model's parameter that changes its shape after prepare() is refused",
+          "[parallel][gloo][zero]") {
+  require_refused(parameter_changes_shape,
+                  "parameter 0 of a sharded model changed its shape from [3, 4] to [3, 5]");
 }

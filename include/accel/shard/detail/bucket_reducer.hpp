@@ -33,7 +33,9 @@ class BucketReducer final : public GradientSync {
                 int64_t bucket_bytes, bool overlap = true)
       : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
-    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
+    hooks_.emplace(
+        params_, [this](std::size_t k) { before_accumulate(k); },
+        [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -132,13 +134,15 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
+  // A second backward before the optimizer step: finish the first round
+  // before autograd adds into a bucket whose all-reduce may still run (the
+  // average of averages is still the average), then start a new one.
+  void before_accumulate(std::size_t k) {
+    if (enabled_ && ready_[k]) finalize();
+  }
+
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
-    if (ready_[k]) {
-      // A second backward before the optimizer step: finish the first round
-      // (the average of averages is still the average) and start a new one.
-      finalize();
-    }
     round_started_ = true;
     ready_[k] = true;
     adopt_grad(k);
@@ -187,7 +191,7 @@ class BucketReducer final : public GradientSync {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
   std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;

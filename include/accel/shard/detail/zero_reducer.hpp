@@ -55,7 +55,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
+    hooks_.emplace(
+        params_, [this](std::size_t k) { before_accumulate(k); },
+        [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   ZeroReducer(const ZeroReducer&) = delete;
   ZeroReducer& operator=(const ZeroReducer&) = delete;
@@ -190,6 +192,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   struct Slot {
     std::size_t bucket;
     int64_t offset;
+    std::vector<int64_t> shape;  ///< the parameter's shape when it moved into the bucket
   };
   struct Bucket {
     std::vector<std::size_t> params;
@@ -225,12 +228,12 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       bytes += static_cast<int64_t>(p.nbytes());
     }
     std::vector<Bucket> buckets;
-    slots_.assign(params_.size(), Slot{0, 0});
+    slots_.assign(params_.size(), Slot{0, 0, {}});
     for (auto& g : groups) {
       Bucket b;
       int64_t numel = 0;
       for (auto k : g) {
-        slots_[k] = Slot{buckets.size(), numel};
+        slots_[k] = Slot{buckets.size(), numel, params_[k].sizes().vec()};
         numel += params_[k].numel();
       }
       b.group = group_of[g.front()];
@@ -273,10 +276,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       auto* expected = static_cast<char*>(b.flat.data_ptr()) +
                        slots_[k].offset * static_cast<int64_t>(b.flat.element_size());
       if (p.data_ptr() == expected && p.is_contiguous()) continue;
-      ACCEL_CHECK(p.numel() == static_cast<int64_t>(b.flat.numel() > 0 ? p.numel() : 0) &&
-                      p.scalar_type() == b.flat.scalar_type(),
-                  "accel: parameter ", k, " of a sharded model changed its dtype. Convert the "
-                  "model before prepare().");
+      // A parameter of another shape would overwrite its neighbours in the bucket.
+      ACCEL_CHECK(p.sizes().vec() == slots_[k].shape,
+                  "accel: parameter ", k, " of a sharded model changed its shape from ",
+                  c10::IntArrayRef(slots_[k].shape), " to ", p.sizes(),
+                  " after prepare(). Give parameters their final shapes before prepare().");
+      ACCEL_CHECK(p.scalar_type() == b.flat.scalar_type(), "accel: parameter ", k,
+                  " of a sharded model changed its dtype from ", b.flat.scalar_type(), " to ",
+                  p.scalar_type(), ". Convert the model before prepare().");
       auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
       slice.copy_(p.detach());
       p.set_data(slice);
@@ -304,9 +311,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
+  // A second backward before the step: close the first round before autograd
+  // adds into a bucket (ZeRO-1) whose reduction may still run.
+  void before_accumulate(std::size_t k) {
+    if (enabled_ && ready_[k]) finalize();
+  }
+
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
-    if (ready_[k]) finalize();  // a second backward before the step: close the first round
     round_started_ = true;
     ready_[k] = true;
     if (!shard_gradients_) adopt_grad(k);
@@ -367,7 +379,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
   std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   int64_t rounds_ = 0;
