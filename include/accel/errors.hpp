@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace accel {
@@ -17,11 +18,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-/// A launched worker failed: names the rank and carries its message.
+/// A launched worker failed: names the rank and carries its message; `others`
+/// says what became of the other processes ("process 0 failed because of it").
 class LaunchError : public Error {
  public:
-  LaunchError(int rank, std::string message)
-      : Error("accel: process " + std::to_string(rank) + " failed: " + message),
+  LaunchError(int rank, std::string message, const std::string& others = {})
+      : Error("accel: process " + std::to_string(rank) + " failed: " + message +
+              (others.empty() ? "" : "; " + others)),
         rank_(rank), message_(std::move(message)) {}
   int rank() const noexcept { return rank_; }
   const std::string& message() const noexcept { return message_; }
@@ -49,6 +52,17 @@ std::string concat(A&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<A>(parts));
   return out.str();
+}
+
+// Phrases of the errors a process raises because another process failed (it
+// saw the failure, or its peer vanished). Launchers report the process that
+// failed by itself as the cause, not these.
+inline constexpr std::string_view kFailedElsewhere = "(its own error says why)";
+inline constexpr std::string_view kPeerVanished = "A peer process probably exited";
+
+inline bool caused_by_another_process(std::string_view message) {
+  return message.find(kFailedElsewhere) != std::string_view::npos ||
+         message.find(kPeerVanished) != std::string_view::npos;
 }
 }  // namespace detail
 

@@ -57,6 +57,7 @@ inline constexpr const char* version_string = "0.1.0";
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace accel {
@@ -68,11 +69,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-/// A launched worker failed: names the rank and carries its message.
+/// A launched worker failed: names the rank and carries its message; `others`
+/// says what became of the other processes ("process 0 failed because of it").
 class LaunchError : public Error {
  public:
-  LaunchError(int rank, std::string message)
-      : Error("accel: process " + std::to_string(rank) + " failed: " + message),
+  LaunchError(int rank, std::string message, const std::string& others = {})
+      : Error("accel: process " + std::to_string(rank) + " failed: " + message +
+              (others.empty() ? "" : "; " + others)),
         rank_(rank), message_(std::move(message)) {}
   int rank() const noexcept { return rank_; }
   const std::string& message() const noexcept { return message_; }
@@ -100,6 +103,17 @@ std::string concat(A&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<A>(parts));
   return out.str();
+}
+
+// Phrases of the errors a process raises because another process failed (it
+// saw the failure, or its peer vanished). Launchers report the process that
+// failed by itself as the cause, not these.
+inline constexpr std::string_view kFailedElsewhere = "(its own error says why)";
+inline constexpr std::string_view kPeerVanished = "A peer process probably exited";
+
+inline bool caused_by_another_process(std::string_view message) {
+  return message.find(kFailedElsewhere) != std::string_view::npos ||
+         message.find(kPeerVanished) != std::string_view::npos;
 }
 }  // namespace detail
 
@@ -180,9 +194,11 @@ enum class Reduction { Sum, Mean };
 #ifndef ACCEL_RUNTIME_PROCESS_ENV_HPP
 #define ACCEL_RUNTIME_PROCESS_ENV_HPP
 
+#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 
 namespace accel::runtime {
@@ -227,6 +243,22 @@ inline std::optional<int> getenv_int(const char* name) {
   }
 }
 
+/// A yes/no variable, spelled as Accelerate's parse_flag_from_env accepts
+/// (1/y/yes/t/true/on, 0/n/no/f/false/off, any case); unset or empty is no,
+/// anything else is an error rather than a silent no.
+inline bool getenv_flag(const char* name) {
+  auto v = getenv_str(name);
+  if (!v) return false;
+  std::string s = *v;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* yes : {"1", "y", "yes", "t", "true", "on"})
+    if (s == yes) return true;
+  for (const char* no : {"0", "n", "no", "f", "false", "off"})
+    if (s == no) return false;
+  throw Error(std::string("accel: environment variable ") + name + "='" + v->substr(0, 100) +
+              "' is neither yes nor no. Set it to 1/yes/true/on or 0/no/false/off, or unset it.");
+}
+
 }  // namespace detail
 
 inline ProcessEnv ProcessEnv::discover() {
@@ -237,6 +269,12 @@ inline ProcessEnv ProcessEnv::discover() {
                   const char* local_size, const char* source) {
     auto r = getenv_int(rank);
     auto s = getenv_int(size);
+    // torchrun's pair set by half is a broken launch, not one process (other
+    // launchers' variables are left to their launchers).
+    if (std::string_view(source) == "torchrun" && r.has_value() != s.has_value())
+      throw Error(accel::detail::concat(
+          "accel: ", r ? rank : size, "=", r ? *r : *s, " is set but ", r ? size : rank,
+          " is not. Set both (accel launch and torchrun do), or neither to run one process."));
     if (!r || !s) return false;
     env.rank = *r;
     env.world_size = *s;
@@ -253,7 +291,11 @@ inline ProcessEnv ProcessEnv::discover() {
       take("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "slurm");
   if (auto a = getenv_str("MASTER_ADDR")) env.master_addr = *a;
   if (auto p = getenv_int("MASTER_PORT")) env.master_port = *p;
-  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+  if (env.world_size < 1)
+    throw Error("accel: world size " + std::to_string(env.world_size) + " (from " + env.source +
+                " variables) is not a number of processes. Check the launcher's RANK/WORLD_SIZE "
+                "settings.");
+  if (env.rank < 0 || env.rank >= env.world_size)
     throw Error("accel: rank " + std::to_string(env.rank) + " is outside world size " +
                 std::to_string(env.world_size) + " (from " + env.source +
                 " variables). Check the launcher's RANK/WORLD_SIZE settings.");
@@ -511,8 +553,8 @@ inline c10d::ReduceOp to_c10d(ReduceOp op) {
     throw TimeoutError(head + msg + " (timeout " + std::to_string(timeout.count()) +
                        " ms). Another rank did not reach the same collective: check that every "
                        "rank calls the collectives in the same order, or raise the timeout.");
-  throw Error(head + msg +
-              ". A peer process probably exited or crashed: look at the other ranks' errors.");
+  throw Error(accel::detail::concat(head, msg, ". ", accel::detail::kPeerVanished,
+                                    " or crashed: look at the other ranks' errors."));
 }
 
 /// A c10d work plus what must happen after it (copy out of a temporary or a
@@ -684,15 +726,79 @@ class C10dCommunicator : public Communicator {
 #ifndef ACCEL_RUNTIME_STORE_HPP
 #define ACCEL_RUNTIME_STORE_HPP
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+// begin <accel/runtime/detail/tcp_probe.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines try_connect: one TCP connection attempt with a timeout, to
+/// learn whether a rendezvous address answers before c10d is asked to use it.
+#ifndef ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
+#define ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <string>
+
+namespace accel::runtime::detail {
+
+/// Connects to host:port (each address it resolves to, in order) and closes
+/// again. Returns 0 when something accepted, else the errno of the last
+/// attempt: ECONNREFUSED (the host answered, nobody listens there),
+/// ETIMEDOUT (no answer within `timeout`), EHOSTUNREACH ..., or EADDRNOTAVAIL
+/// when the host does not resolve.
+inline int try_connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  ::addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  ::addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return EADDRNOTAVAIL;
+  int err = EADDRNOTAVAIL;
+  for (const ::addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      ::pollfd p{fd, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      socklen_t len = sizeof err;
+      if (ready == 0) err = ETIMEDOUT;
+      else if (ready < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+    ::close(fd);
+    if (err == 0) break;
+  }
+  ::freeaddrinfo(found);
+  return err;
+}
+
+}  // namespace accel::runtime::detail
+
+#endif  // ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
+// end <accel/runtime/detail/tcp_probe.hpp>
 
 namespace accel::runtime {
 
@@ -733,6 +839,130 @@ inline bool contains(const std::string& text, const char* what) {
               ". Check MASTER_ADDR/MASTER_PORT and that every rank can reach rank 0.");
 }
 
+/// When a wait that goes on is reported: after 5, 10, 20, 40 ... s, then every 5 minutes.
+class WaitReports {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit WaitReports(Clock::time_point start) : start_(start) {}
+  bool due() {
+    if (Clock::now() - start_ < next_) return false;
+    next_ = std::min(next_ * 2, next_ + std::chrono::seconds(300));
+    return true;
+  }
+  /// Whole seconds waited, rounded.
+  long long seconds() const {
+    return (std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_).count() + 500) / 1000;
+  }
+
+ private:
+  Clock::time_point start_;
+  std::chrono::seconds next_{5};
+};
+
+/// Text from the environment as messages quote it: at most 80 characters.
+inline std::string shown(const std::string& text) {
+  return "'" + (text.size() <= 80 ? text : text.substr(0, 80) + "...") + "'" +
+         (text.size() <= 80 ? "" : " (" + std::to_string(text.size()) + " characters)");
+}
+
+/// An address that does not resolve is an error now, not a retry loop (c10d
+/// retries it until the timeout, logging every second).
+inline void check_resolves(const ProcessEnv& env) {
+  const std::string& host = env.master_addr;
+  const auto fail = [&](const std::string& why) {
+    throw Error("accel: rank " + std::to_string(env.rank) + " cannot use MASTER_ADDR " +
+                shown(host) + ": " + why + ". Give the host name or IP address of the machine "
+                "running rank 0 (accel launch --main_process_ip).");
+  };
+  if (host.empty() || host.size() > 253) fail("it is not a host name");
+  ::addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  ::addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) {
+    ::freeaddrinfo(found);
+    return;
+  }
+  fail(std::string(rc == EAI_AGAIN ? "it cannot be resolved now (" : "it does not resolve (") +
+       ::gai_strerror(rc) + ")");
+}
+
+// Keys of accel's own join protocol (c10d's ProcessGroups use others).
+inline constexpr const char* kJoinedKey = "accel/rendezvous/joined";
+inline constexpr const char* kJobKey = "accel/rendezvous/job";
+inline std::string joined_key(int rank) {
+  std::string key(kJoinedKey);  // appended piecewise: GCC 12 at -O3 warns falsely on temporaries
+  key += '/';
+  key += std::to_string(rank);
+  return key;
+}
+
+/// The ranks that have not joined yet, as "ranks 2, 3 (machine 1)".
+inline std::string missing_ranks(c10d::Store& store, const ProcessEnv& env) {
+  std::vector<int> missing;
+  for (int r = 0; r < env.world_size && missing.size() < 16; ++r)
+    if (!store.check({joined_key(r)})) missing.push_back(r);
+  if (missing.empty()) return "none";
+  std::string ranks, machines;
+  int last_machine = -1;
+  for (int r : missing) {
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    const int machine = r / std::max(1, env.local_world_size);
+    if (machine != last_machine) machines += (machines.empty() ? "" : ", ") + std::to_string(machine);
+    last_machine = machine;
+  }
+  return (missing.size() == 1 ? "rank " : "ranks ") + ranks + (missing.size() == 16 ? ", ..." : "") +
+         " (machine " + machines + ")";
+}
+
+/// Rank 0: every rank has joined, or a TimeoutError saying who has not.
+inline void wait_for_ranks(c10d::Store& store, const ProcessEnv& env, std::chrono::milliseconds timeout,
+                           const std::string& where, std::ostream& log) {
+  WaitReports reports(WaitReports::Clock::now());
+  const auto deadline = WaitReports::Clock::now() + timeout;
+  while (true) {
+    const auto joined = store.add(kJoinedKey, 0);
+    if (joined >= env.world_size) return;
+    if (WaitReports::Clock::now() >= deadline)
+      throw TimeoutError("accel: rank 0 waited " + std::to_string(reports.seconds()) + " s at " +
+                         where + " and " + std::to_string(joined) + " of " +
+                         std::to_string(env.world_size) + " processes joined; missing: " +
+                         missing_ranks(store, env) + ". Start every machine's launch with the "
+                         "same --main_process_ip and --main_process_port (MASTER_ADDR/MASTER_PORT), "
+                         "check that they can reach this one, or raise --rdzv_timeout.");
+    if (reports.due())
+      log << "accel: rank 0 waiting at " << where << " for the other processes (" << joined
+          << " of " << env.world_size << " joined, missing " << missing_ranks(store, env) << ", "
+          << reports.seconds() << " s of " << timeout.count() / 1000 << " s)" << std::endl;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+/// This launch's job id (ACCEL_JOB_ID, set by accel's launchers), if any.
+inline std::optional<std::string> job_id() { return getenv_str("ACCEL_JOB_ID"); }
+
+/// A rank that reached another job's store (two launches on one port) leaves
+/// before it touches anything there.
+inline void check_same_job(c10d::Store& store, const ProcessEnv& env, const std::string& where) {
+  const auto mine = job_id();
+  if (!mine) return;
+  // Rank 0 sets the key right after it starts serving; a store without it
+  // after a while belongs to a launch that does not set job ids.
+  const auto until = WaitReports::Clock::now() + std::chrono::seconds(10);
+  while (!store.check({kJobKey}) && WaitReports::Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string theirs = "(none)";
+  if (store.check({kJobKey})) {
+    const auto bytes = store.get(kJobKey);
+    theirs.assign(bytes.begin(), bytes.end());
+  }
+  if (theirs != *mine)
+    throw Error("accel: rank " + std::to_string(env.rank) + " reached the store of another job at " +
+                where + " (job " + shown(theirs) + "; this is job " + shown(*mine) +
+                "): two launches use port " + std::to_string(env.master_port) +
+                ". Give each job its own --main_process_port (MASTER_PORT), or 0 to let accel pick.");
+}
+
 }  // namespace detail
 
 /// The store every rank of `env` meets in. Rank 0 serves a TCPStore on
@@ -752,13 +982,22 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   }
   ACCEL_CHECK(env.master_port >= 0 && env.master_port <= 65535, "accel: MASTER_PORT ",
               env.master_port, " is not a TCP port. Give a port between 1 and 65535.");
+  if (const auto t = detail::getenv_int("ACCEL_RDZV_TIMEOUT")) {
+    ACCEL_CHECK(*t > 0, "accel: ACCEL_RDZV_TIMEOUT=", *t, " is not a number of seconds. Give a "
+                "positive timeout (accel launch --rdzv_timeout).");
+    options.timeout = std::chrono::seconds(*t);
+  }
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  detail::check_resolves(env);
   // TCPStore(host, TCPStoreOptions) exists from LibTorch 1.13 through 2.x; the
   // positional constructor is deprecated in 1.13 and gone later.
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
-  opts.waitWorkers = true;
+  // accel waits for the ranks itself (below), saying who is missing; c10d's
+  // own wait is silent for the whole timeout.
+  opts.waitWorkers = false;
   opts.timeout = options.timeout;
 #if ACCEL_TORCH_AT_LEAST(2, 4)
   // From 2.4 TCPStore defaults to a libuv server, which Debian's and other
@@ -766,11 +1005,53 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   // build without libuv support"); the classic server is in every build.
   opts.useLibUV = false;
 #endif
+  std::ostream& log = std::cerr;
+  detail::WaitReports reports(detail::WaitReports::Clock::now());
+  const auto deadline = detail::WaitReports::Clock::now() + options.timeout;
+  if (!opts.isServer) {
+    // Until rank 0's port answers, say what we wait for (c10d's own connect
+    // retries are silent, and differ between LibTorch versions).
+    while (true) {
+      const int err = detail::try_connect(env.master_addr, env.master_port, std::chrono::seconds(1));
+      if (err == 0) break;
+      if (detail::WaitReports::Clock::now() >= deadline)
+        throw TimeoutError("accel: rank " + std::to_string(env.rank) + " could not rendezvous with " +
+                           where + " within " + std::to_string(options.timeout.count()) +
+                           " ms (nothing accepted a connection there: " + std::strerror(err) +
+                           "). Check that rank 0 is running and MASTER_ADDR/MASTER_PORT are the "
+                           "same on every rank, or raise the timeout (--rdzv_timeout).");
+      if (reports.due())
+        log << "accel: rank " << env.rank << " waiting for rank 0 at " << where << " ("
+            << reports.seconds() << " s of " << options.timeout.count() / 1000
+            << " s): is rank 0 started, and is this its address?" << std::endl;
+      if (err == ECONNREFUSED) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    opts.timeout = std::max(std::chrono::milliseconds(1000),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                deadline - detail::WaitReports::Clock::now()));
+  }
+  c10::intrusive_ptr<c10d::TCPStore> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     detail::rethrow_store_error(e, env, options.timeout);
   }
+  store->setTimeout(options.timeout);
+  try {
+    if (env.rank == 0) {
+      if (const auto job = detail::job_id()) store->set(detail::kJobKey, std::vector<uint8_t>(job->begin(), job->end()));
+    } else {
+      detail::check_same_job(*store, env, where);
+    }
+    store->set(detail::joined_key(env.rank), std::vector<uint8_t>{1});
+    store->add(detail::kJoinedKey, 1);
+    if (env.rank == 0) detail::wait_for_ranks(*store, env, options.timeout, where, log);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    detail::rethrow_store_error(e, env, options.timeout);
+  }
+  return store;
 }
 
 }  // namespace accel::runtime
@@ -1051,8 +1332,9 @@ inline std::string find_program(const std::string& name) {
 inline std::string start_ompi_server(std::chrono::milliseconds timeout) {
   const std::string exe = find_program("ompi-server");
   ACCEL_CHECK(!exe.empty(), "accel: backend::Mpi in processes not started by mpirun needs "
-                            "OpenMPI's ompi-server, which is not on PATH. Start the program with "
-                            "`mpirun -np N`, or install OpenMPI's tools.");
+                            "OpenMPI's ompi-server, which is not on PATH (OpenMPI 5 no longer "
+                            "ships it). Start the program with `mpirun -np N`, or use "
+                            "backend::Gloo with notebook_launcher and `accel launch`.");
   const auto uri_file = std::filesystem::temp_directory_path() /
                         ("accel-ompi-server-" + std::to_string(::getpid()) + ".uri");
   std::filesystem::remove(uri_file);
@@ -1234,9 +1516,9 @@ inline std::string mpi_timeout_message(const std::string& op, int rank, int size
 
 inline std::string mpi_failure_message(const std::string& op, int rank, int size, int rc) {
   return "accel: Mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
-         std::to_string(size) + ": " + mpi_error_string(rc) +
-         ". A peer process probably exited, or the ranks passed different sizes or types: look "
-         "at the other ranks' errors.";
+         std::to_string(size) + ": " + mpi_error_string(rc) + ". " +
+         std::string(accel::detail::kPeerVanished) +
+         ", or the ranks passed different sizes or types: look at the other ranks' errors.";
 }
 
 /// MPI requests (one per chunk of a collective) polled with MPI_Testall
@@ -4192,10 +4474,145 @@ class OneCycleLR : public torch::optim::LRScheduler {
 // begin <accel/checkpoint/detail/file_io.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the POSIX file helpers of checkpointing: atomic writes
-/// (temporary file in the same directory, fsync, rename) and positioned reads.
+/// (temporary file in the same directory, fsync, rename) that checksum what
+/// they write, positioned reads, and whole-file reads.
 #ifndef ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
 #define ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
 
+// begin <accel/checkpoint/detail/xxhash64.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines XXH64 (Yann Collet's xxHash, 64-bit, seed 0), streaming: the
+/// checksum of every checkpoint file, computed while the file is written. The
+/// same digest as `xxhsum -H1 FILE` (Debian's xxhash package), so a user can
+/// check a checkpoint by hand. Written from the published specification
+/// (doc/xxhash_spec.md of the xxHash repository).
+#ifndef ACCEL_CHECKPOINT_DETAIL_XXHASH64_HPP
+#define ACCEL_CHECKPOINT_DETAIL_XXHASH64_HPP
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace accel::checkpoint::detail {
+
+class Xxh64 {
+ public:
+  void update(const void* data, std::size_t size) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    total_ += size;
+    if (buffered_ + size < kStripe) {  // not a whole stripe yet
+      std::memcpy(buffer_ + buffered_, p, size);
+      buffered_ += size;
+      return;
+    }
+    if (buffered_ > 0) {  // complete the buffered stripe
+      const std::size_t fill = kStripe - buffered_;
+      std::memcpy(buffer_ + buffered_, p, fill);
+      consume_stripe(buffer_);
+      p += fill;
+      size -= fill;
+      buffered_ = 0;
+    }
+    for (; size >= kStripe; p += kStripe, size -= kStripe) consume_stripe(p);
+    std::memcpy(buffer_, p, size);
+    buffered_ = size;
+  }
+  void update(std::string_view text) { update(text.data(), text.size()); }
+
+  /// The digest of everything given so far (the state is left as it is).
+  std::uint64_t digest() const {
+    std::uint64_t acc;
+    if (total_ >= kStripe) {
+      acc = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+      for (std::uint64_t v : v_) acc = (acc ^ round(0, v)) * kP1 + kP4;
+    } else {
+      acc = kP5;  // seed 0
+    }
+    acc += total_;
+    const unsigned char* p = buffer_;
+    std::size_t left = buffered_;
+    for (; left >= 8; p += 8, left -= 8) acc = rotl(acc ^ round(0, read64(p)), 27) * kP1 + kP4;
+    if (left >= 4) {
+      acc = rotl(acc ^ (static_cast<std::uint64_t>(read32(p)) * kP1), 23) * kP2 + kP3;
+      p += 4;
+      left -= 4;
+    }
+    for (; left > 0; ++p, --left) acc = rotl(acc ^ (*p * kP5), 11) * kP1;
+    acc ^= acc >> 33;
+    acc *= kP2;
+    acc ^= acc >> 29;
+    acc *= kP3;
+    acc ^= acc >> 32;
+    return acc;
+  }
+
+ private:
+  static constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ULL;
+  static constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4FULL;
+  static constexpr std::uint64_t kP3 = 0x165667B19E3779F9ULL;
+  static constexpr std::uint64_t kP4 = 0x85EBCA77C2B2AE63ULL;
+  static constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ULL;
+  static constexpr std::size_t kStripe = 32;
+
+  static std::uint64_t rotl(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+  static std::uint64_t round(std::uint64_t acc, std::uint64_t lane) {
+    return rotl(acc + lane * kP2, 31) * kP1;
+  }
+  // Little-endian loads (the format is defined on little-endian lanes).
+  template <class U>
+  static U read_le(const unsigned char* p) {
+    U v;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, p, sizeof v);
+    } else {
+      v = 0;
+      for (int i = static_cast<int>(sizeof v) - 1; i >= 0; --i) v = static_cast<U>((v << 8) | p[i]);
+    }
+    return v;
+  }
+  static std::uint64_t read64(const unsigned char* p) { return read_le<std::uint64_t>(p); }
+  static std::uint32_t read32(const unsigned char* p) { return read_le<std::uint32_t>(p); }
+  void consume_stripe(const unsigned char* p) {
+    for (int i = 0; i < 4; ++i) v_[i] = round(v_[i], read64(p + 8 * i));
+  }
+
+  std::uint64_t v_[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
+  unsigned char buffer_[kStripe] = {};
+  std::size_t buffered_ = 0;
+  std::uint64_t total_ = 0;
+};
+
+/// 16 lowercase hex digits, as xxhsum prints them.
+inline std::string to_hex(std::uint64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<std::size_t>(i)] = kDigits[v & 0xF];
+  return s;
+}
+
+/// The value of 16 hex digits, or nullopt.
+inline std::optional<std::uint64_t> from_hex(std::string_view s) {
+  if (s.size() != 16) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else return std::nullopt;
+    v = (v << 4) | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_XXHASH64_HPP
+// end <accel/checkpoint/detail/xxhash64.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -4221,6 +4638,7 @@ namespace accel::checkpoint::detail {
 /// A file written under a temporary name and renamed over `target` on
 /// commit(), so readers see the old file or the complete new one, never a
 /// partial write. Destroyed uncommitted, it removes the temporary file.
+/// checksum() is the XXH64 of the bytes given to write(), in order.
 class AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path target) : target_(std::move(target)) {
@@ -4243,6 +4661,7 @@ class AtomicFile {
   }
 
   void write(const void* data, std::size_t size) {
+    hash_.update(data, size);
     const auto* p = static_cast<const char*>(data);
     while (size > 0) {
       const ::ssize_t n = ::write(fd_, p, size);
@@ -4254,6 +4673,25 @@ class AtomicFile {
       size -= static_cast<std::size_t>(n);
     }
   }
+
+  /// Overwrites bytes already written (a header field known only at the end);
+  /// checksum() does not see them.
+  void write_at(std::uint64_t offset, const void* data, std::size_t size) {
+    const auto* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ::ssize_t n = ::pwrite(fd_, p, size, static_cast<::off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail_io("write", temp_, errno);
+      }
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  std::uint64_t checksum() const { return hash_.digest(); }
+  const std::filesystem::path& temp_path() const { return temp_; }
 
   /// fsync, rename over the target, then fsync the directory so the rename
   /// itself survives a crash.
@@ -4277,13 +4715,63 @@ class AtomicFile {
   std::filesystem::path temp_;
   int fd_ = -1;
   bool committed_ = false;
+  Xxh64 hash_;
 };
 
-/// Writes `text` to `path` atomically.
-inline void write_file_atomic(const std::filesystem::path& path, std::string_view text) {
+/// Writes `text` to `path` atomically; returns its checksum.
+inline std::uint64_t write_file_atomic(const std::filesystem::path& path, std::string_view text) {
   AtomicFile file(path);
   file.write(text.data(), text.size());
   file.commit();
+  return file.checksum();
+}
+
+/// The XXH64 of a whole file, read in 4 MiB pieces (no copy of it in memory).
+inline std::uint64_t file_checksum(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_io("open", path, errno);
+  std::string buffer(std::size_t{4} << 20, '\0');
+  Xxh64 hash;
+  while (true) {
+    const ::ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail_io("read", path, err);
+    }
+    if (n == 0) break;
+    hash.update(buffer.data(), static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return hash.digest();
+}
+
+/// The whole file (one read, for small files that are checked and parsed).
+inline std::string read_whole_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_io("open", path, errno);
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_io("read", path, err);
+  }
+  std::string bytes;
+  bytes.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      fail_io("read", path, err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return bytes;
 }
 
 /// A read-only file descriptor with positioned, complete reads.
@@ -4644,6 +5132,10 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 /// Metadata key prefix of a tied (storage-sharing) tensor saved once:
 /// "accel.tied.<alias>" -> "<name of the stored tensor>".
 inline constexpr std::string_view kTiedPrefix = "accel.tied.";
+/// Metadata key of the XXH64 (16 hex digits) of the data buffer, the bytes
+/// after the header. Other safetensors readers ignore it; read_safetensors
+/// checks it when present.
+inline constexpr std::string_view kDataChecksumKey = "accel.data_xxh64";
 
 /// Everything in one safetensors file: tensors (file order, then the tied
 /// aliases, which share the tensor they alias) and the metadata.
@@ -4699,16 +5191,20 @@ inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
 /// and contiguous, in the given order. Entries that are the same view of the
 /// same memory as an earlier entry are stored once and recorded in metadata
 /// under kTiedPrefix, so load_safetensors returns one shared tensor for both.
-/// metadata gets "format": "pt" unless it sets "format" itself.
-inline void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
+/// metadata gets "format": "pt" unless it sets "format" itself. With
+/// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
+/// Returns the XXH64 of the data buffer.
+inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                                      const std::map<std::string, std::string>& metadata = {},
+                                      bool checksum = true) {
   const std::string source = path.string();
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
   meta["format"] = "pt";
   for (const auto& [k, v] : metadata) {
-    ACCEL_CHECK(k.rfind(kTiedPrefix, 0) != 0, "accel: metadata key '", k, "' for '", source,
-                "' uses the reserved prefix '", kTiedPrefix, "'. Rename the key.");
+    ACCEL_CHECK(k.rfind(kTiedPrefix, 0) != 0 && k != kDataChecksumKey, "accel: metadata key '", k,
+                "' for '", source, "' is reserved by accel (", kTiedPrefix, "*, ",
+                kDataChecksumKey, "). Rename the key.");
     meta[k] = v;
   }
 
@@ -4751,6 +5247,9 @@ inline void save_safetensors(const std::filesystem::path& path, const NamedTenso
     offset += bytes;
     stored.push_back(std::move(t));
   }
+  // A placeholder of the digest's width, filled in once the data is written.
+  const std::string placeholder(16, '0');
+  if (checksum) meta[std::string(kDataChecksumKey)] = placeholder;
   header[std::string(checkpoint::detail::kMetadataKey)] = std::move(meta);
 
   std::string text = header.dump();
@@ -4761,9 +5260,23 @@ inline void save_safetensors(const std::filesystem::path& path, const NamedTenso
   checkpoint::detail::AtomicFile file(path);
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
-  for (const torch::Tensor& t : stored)
-    file.write(t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size());
+  checkpoint::detail::Xxh64 data_hash;
+  for (const torch::Tensor& t : stored) {
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    data_hash.update(t.data_ptr(), bytes);
+    file.write(t.data_ptr(), bytes);
+  }
+  if (checksum) {
+    // Keys are JSON strings, so `"key":"` with bare quotes is the entry itself.
+    const std::string field = "\"" + std::string(kDataChecksumKey) + "\":\"" + placeholder;
+    const auto at = text.find(field);
+    ACCEL_CHECK(at != std::string::npos, "accel: internal error: no checksum field in the header of '",
+                source, "'");
+    const std::string digest = checkpoint::detail::to_hex(data_hash.digest());
+    file.write_at(sizeof prefix + at + field.size() - placeholder.size(), digest.data(), digest.size());
+  }
   file.commit();
+  return data_hash.digest();
 }
 
 /// Reads a safetensors file after validating its header (see
@@ -4774,6 +5287,14 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   checkpoint::detail::ReadFile file(path);
   SafetensorsContents out;
   out.metadata = header.metadata;
+  std::optional<std::uint64_t> expected;
+  if (const auto it = header.metadata.find(std::string(kDataChecksumKey)); it != header.metadata.end()) {
+    expected = checkpoint::detail::from_hex(it->second);
+    if (!expected)
+      checkpoint::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
+                                                  " entry is not 16 hex digits");
+  }
+  checkpoint::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& info : header.tensors) {
     const auto dtype = detail::to_torch_dtype(info.dtype);
@@ -4789,6 +5310,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     }
     file.read_at(header.data_start + info.begin, t.data_ptr(),
                  static_cast<std::size_t>(info.end - info.begin));
+    data_hash.update(t.data_ptr(), static_cast<std::size_t>(info.end - info.begin));
     if (*dtype == torch::kBool) {
       // Any byte other than 0/1 in a bool tensor is undefined behaviour in ATen.
       const auto* b = static_cast<const std::uint8_t*>(t.data_ptr());
@@ -4800,6 +5322,11 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     by_name.emplace(info.name, t);
     out.tensors.emplace_back(info.name, std::move(t));
   }
+  if (expected && data_hash.digest() != *expected)
+    throw Error(accel::detail::concat(
+        "accel: the safetensors file '", source, "' is corrupt: its tensor data changed after it "
+        "was written (XXH64 ", checkpoint::detail::to_hex(data_hash.digest()), ", its header records ",
+        checkpoint::detail::to_hex(*expected), "). Load another copy, or write it again."));
   for (const auto& [key, target] : header.metadata) {
     if (key.rfind(kTiedPrefix, 0) != 0) continue;
     const std::string alias = key.substr(kTiedPrefix.size());
@@ -4858,6 +5385,9 @@ struct SaveModelOptions {
   /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
   /// a shard of its own.
   std::string max_shard_size = "10GB";
+  /// Each file's header records the XXH64 of its data (metadata entry
+  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
+  bool checksum = true;
 };
 
 }  // namespace accel
@@ -5125,14 +5655,14 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
 
   std::set<std::string> written;
   if (shards.size() == 1) {
-    save_safetensors(dir / kModelFile, shards[0]);
+    save_safetensors(dir / kModelFile, shards[0], {}, options.checksum);
     written.insert(std::string(kModelFile));
   } else {
     nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
                             {"weight_map", nlohmann::json::object()}};
     for (std::size_t i = 0; i < shards.size(); ++i) {
       const std::string name = detail::shard_name(i + 1, shards.size());
-      save_safetensors(dir / name, shards[i]);
+      save_safetensors(dir / name, shards[i], {}, options.checksum);
       written.insert(name);
       // Only stored tensors, as Hugging Face lists them; tied names live in
       // the shard's metadata.
@@ -5202,6 +5732,7 @@ inline void load_module(torch::nn::Module& module, const std::filesystem::path& 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -5239,8 +5770,14 @@ struct ConfigReader {
 
   static int line_of(const YAML::Node& v) { return v.Mark().line + 1; }
 
+  /// Text from the file as messages quote it: at most 80 characters.
+  static std::string clipped(const std::string& text) {
+    return text.size() <= 80 ? text
+                             : text.substr(0, 80) + "... (" + std::to_string(text.size()) + " characters)";
+  }
+
   static std::string shown(const YAML::Node& v) {
-    if (v.IsScalar()) return "'" + v.Scalar() + "'";
+    if (v.IsScalar()) return "'" + clipped(v.Scalar()) + "'";
     if (v.IsSequence()) return "a list";
     if (v.IsMap()) return "a mapping";
     return "nothing";
@@ -5248,13 +5785,13 @@ struct ConfigReader {
 
   [[noreturn]] void fail(const std::string& key, const YAML::Node& v, const std::string& found,
                          const std::string& allowed) const {
-    throw ConfigError("accel: " + file + ":" + std::to_string(line_of(v)) + ": key '" + key +
-                      "' " + found + ". Use " + allowed + ".");
+    throw ConfigError("accel: " + file + ":" + std::to_string(line_of(v)) + ": key '" +
+                      clipped(key) + "' " + found + ". Use " + allowed + ".");
   }
 
   void warn(const std::string& key, int line, const std::string& why) {
-    warnings.push_back("accel: warning: " + file + ":" + std::to_string(line) + ": key '" + key +
-                       "': " + why + ".");
+    warnings.push_back("accel: warning: " + file + ":" + std::to_string(line) + ": key '" +
+                       clipped(key) + "': " + why + ".");
   }
 
   std::string choice(const std::string& key, const YAML::Node& v,
@@ -5264,7 +5801,7 @@ struct ConfigReader {
     if (!v.IsScalar()) fail(key, v, "is " + shown(v), "one of: " + list);
     const std::string s = v.Scalar();
     if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
-      fail(key, v, "has the value '" + s + "', which is not allowed", "one of: " + list);
+      fail(key, v, "has the value '" + clipped(s) + "', which is not allowed", "one of: " + list);
     return s;
   }
 
@@ -5464,6 +6001,10 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
   if (!std::filesystem::exists(path))
     throw ConfigError("accel: config file " + path.string() +
                       " does not exist. Run `accel config` to create it or pass another path.");
+  if (std::filesystem::is_directory(path))
+    throw ConfigError("accel: config file " + path.string() +
+                      " is a directory. Pass the YAML file itself (`accel config` writes " +
+                      default_config_path().filename().string() + ").");
   YAML::Node root;
   try {
     root = YAML::LoadFile(path.string());
@@ -5473,16 +6014,27 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
   }
   LaunchConfig c;
   c.source = path;
-  if (root.IsNull()) return c;  // an empty file: all defaults
+  if (root.IsNull()) {  // Accelerate reads an empty file as all defaults: so do we, aloud
+    c.warnings.push_back("accel: warning: " + path.string() +
+                         " is empty; every setting takes its default.");
+    if (warn != nullptr) *warn << c.warnings.back() << '\n';
+    return c;
+  }
   if (!root.IsMap())
     throw ConfigError("accel: " + path.string() +
                       ": the top level must be a mapping of keys to values. Run `accel config` to "
                       "write a valid file.");
   detail::ConfigReader r{path.string(), c.warnings};
+  std::map<std::string, int> seen;  // key -> line: YAML readers disagree on duplicates
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
     const int line = kv.first.Mark().line + 1;
+    if (const auto [it, fresh] = seen.emplace(key, line); !fresh)
+      throw ConfigError("accel: " + path.string() + ":" + std::to_string(line) + ": key '" +
+                        detail::ConfigReader::clipped(key) + "' appears twice (lines " +
+                        std::to_string(it->second) + " and " + std::to_string(line) +
+                        "). Keep one of them.");
     if (v.IsNull()) continue;  // Accelerate drops None values; a null means "unset"
     if (key == "compute_environment") {
       c.compute_environment = r.choice(key, v, {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"});
@@ -5841,15 +6393,6 @@ inline std::optional<int> positive_env_int(const char* name) {
   return static_cast<int>(n);
 }
 
-/// Truthy flag values, as Accelerate's parse_flag_from_env: y, yes, t, true, on, 1.
-inline bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return false;
-  std::string s(v);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
-}
-
 /// Sets variables for a scope and puts back the previous values (or unsets
 /// them) on destruction, also when an exception leaves the scope.
 class ScopedEnv {
@@ -5965,9 +6508,15 @@ class StopSignalGuard {
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdint>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -6128,10 +6677,26 @@ inline int agree_on_free_port(const std::string& file, int node_rank, const std:
 
 namespace accel::detail::launch {
 
+/// More processes on one machine than this is a typo (num_processes: 100000),
+/// not a plan: 4 per core, at least 8; ACCEL_MAX_LOCAL_PROCESSES raises it.
+inline int max_local_processes() {
+  if (const auto n = positive_env_int("ACCEL_MAX_LOCAL_PROCESSES")) return *n;
+  return std::max(8, 4 * available_cores());
+}
+
+inline void check_local_process_count(int n) {
+  const int limit = max_local_processes();
+  ACCEL_CHECK(n <= limit, "accel: ", n, " processes on this machine is more than ", limit,
+              " (4 per CPU core, ", available_cores(), " cores): each would get a sliver of a "
+              "core and its own copy of the model. Launch fewer, or set "
+              "ACCEL_MAX_LOCAL_PROCESSES=", n, " if you mean it.");
+}
+
 /// Throws accel::Error when the options cannot describe a launch.
 inline void validate(const LaunchOptions& o) {
   ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
               ". Launch at least 1 process.");
+  check_local_process_count(o.num_processes);
   ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
   ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
               " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
@@ -6155,7 +6720,9 @@ inline void validate(const LaunchOptions& o) {
 
 /// The torchrun-style variables of the worker `local_rank` on this node.
 /// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
-inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
+/// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
+/// worker reaching another job's store leaves (runtime/store.hpp).
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {}) {
   EnvList env{
       {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
       {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
@@ -6166,7 +6733,20 @@ inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
       {"MASTER_PORT", std::to_string(o.master_port)},
   };
   if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);
   return env;
+}
+
+/// A fresh id for a launch whose workers all start here (one node); a launch
+/// over several nodes has none, as each node's launcher would draw its own.
+inline std::string new_job_id(const LaunchOptions& o) {
+  if (o.num_nodes != 1) return {};
+  std::random_device rd;
+  const auto v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  for (int i = 0; i < 16; ++i) id[static_cast<std::size_t>(i)] = kDigits[(v >> (4 * i)) & 0xF];
+  return id;
 }
 
 /// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
@@ -6189,6 +6769,22 @@ inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
   ::freeaddrinfo(res);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   return addr;
+}
+
+/// --debug's check of another machine's rendezvous address: resolves it and
+/// tries one TCP connection. A refusal passes (machine 0's launch may simply
+/// not have started yet); no route, or no answer within `timeout` (a firewall,
+/// the wrong address), is an accel::Error saying so.
+inline void check_reachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  (void)resolve_ipv4(host, port);  // a clear error when it does not resolve
+  const int err = runtime::detail::try_connect(host, port, timeout);
+  if (err == 0 || err == ECONNREFUSED) return;
+  throw Error(concat("accel: debug launch: the rendezvous address ", host, ":", port,
+                     " cannot be reached from this machine (",
+                     err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count() / 1000) + " s"
+                                      : std::string(std::strerror(err)),
+                     "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
+                     "the machines."));
 }
 
 /// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
@@ -6281,6 +6877,7 @@ inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
 #include <sys/prctl.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -6321,7 +6918,9 @@ struct WorkerResult {
 
 struct PoolOutcome {
   std::vector<WorkerResult> workers;          ///< in spawn order
-  std::optional<WorkerResult> first_failure;  ///< the first worker seen failing
+  /// The cause: the first worker seen failing by itself, not because another
+  /// one did (accel::detail::caused_by_another_process); else the first seen.
+  std::optional<WorkerResult> first_failure;
   bool timed_out = false;                     ///< the pool's deadline passed first
   int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
 
@@ -6333,6 +6932,36 @@ struct PoolOutcome {
     if (timed_out) return 124;
     if (first_failure) return std::max(1, first_failure->exit_code());
     return 0;
+  }
+  /// What became of the others: "process 0 failed because of it; process 2
+  /// was stopped", or "" when there were no others. A process that failed by
+  /// itself too is listed with its own message.
+  std::string others_summary() const {
+    std::vector<int> because, stopped;
+    std::string independent;
+    for (const auto& w : workers) {
+      if (first_failure && w.rank == first_failure->rank) continue;
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) {
+        stopped.push_back(w.rank);
+      } else if (w.failed() && accel::detail::caused_by_another_process(w.message)) {
+        because.push_back(w.rank);
+      } else if (w.failed()) {
+        const std::string msg = w.message.size() > 300 ? w.message.substr(0, 300) + "..." : w.message;
+        independent += (independent.empty() ? "" : "; ") + std::string("process ") +
+                       std::to_string(w.rank) + " failed too: " + msg;
+      }
+    }
+    const auto join = [](const std::vector<int>& ranks, const char* one, const char* many) {
+      std::string s = ranks.size() == 1 ? "process " : "processes ";
+      for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+      return s + (ranks.size() == 1 ? one : many);
+    };
+    std::string out;
+    const auto add = [&out](const std::string& part) { out += (out.empty() ? "" : "; ") + part; };
+    if (!because.empty()) add(join(because, " failed because of it", " failed because of it"));
+    if (!independent.empty()) add(independent);
+    if (!stopped.empty()) add(join(stopped, " was stopped", " were stopped"));
+    return out;
   }
   /// Ranks that were still running when the pool stopped them.
   std::vector<int> stopped_ranks() const {
@@ -6348,6 +6977,10 @@ struct PoolOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
   /// Between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds grace{std::chrono::seconds{5}};
+  /// After a first failure, how long the others may take to end by
+  /// themselves before they are stopped: processes that fail because of it
+  /// then say so, and the report names the one that failed first by itself.
+  std::chrono::milliseconds settle{std::chrono::seconds{2}};
   /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
   bool prefix_output = false;
   /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
@@ -6449,16 +7082,17 @@ class WorkerPool {
   PoolOutcome wait() {
     PoolOutcome out;
     const auto deadline = start_ + options_.timeout;
+    std::vector<std::size_t> failed;  // in the order seen
     while (running() > 0) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
-      for (std::size_t i : reap()) {
-        if (workers_[i].result.failed() && !out.first_failure) {
-          out.first_failure = workers_[i].result;
-          stop_all();
-        }
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+      if (!failed.empty()) {
+        settle(failed);
+        stop_all();
+        break;
       }
-      if (out.first_failure) break;
       if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
         out.interrupted_by = sig;
         stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
@@ -6475,7 +7109,24 @@ class WorkerPool {
       flush_partial(w);
       out.workers.push_back(w.result);
     }
+    if (!failed.empty()) {
+      const auto cause = std::find_if(failed.begin(), failed.end(), [&](std::size_t i) {
+        return !accel::detail::caused_by_another_process(workers_[i].result.message);
+      });
+      out.first_failure = workers_[cause != failed.end() ? *cause : failed.front()].result;
+    }
     return out;
+  }
+
+  /// Lets the other workers end by themselves for up to options_.settle,
+  /// adding those that fail to `failed`.
+  void settle(std::vector<std::size_t>& failed) {
+    const auto until = Clock::now() + options_.settle;
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+    }
   }
 
   /// `first` (SIGTERM) to every running worker's process group, SIGKILL to
@@ -6760,6 +7411,18 @@ class ScopedThreads {
   int old_;
 };
 
+/// A worker's LibTorch error as users should read it. From LibTorch 2.0 on,
+/// a process that ran backward() before forking has children whose autograd
+/// refuses to run; say so in accel's terms, not only autograd's.
+inline std::string worker_error_message(const c10::Error& e) {
+  std::string msg = e.what_without_backtrace();
+  if (msg.find("autograd's threading in combination with fork") == std::string::npos) return msg;
+  return "accel: backward() cannot run in a worker forked by notebook_launcher: this process "
+         "ran backward() before it launched, and LibTorch 2.x refuses autograd in processes "
+         "forked after that. Call notebook_launcher before any backward() in this process, or "
+         "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
+}
+
 /// Runs body in one worker per local rank and waits; turns the pool's outcome
 /// into the launcher's exceptions. `what` names the launch in messages.
 template <class Body>
@@ -6776,8 +7439,9 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
   // thread that already ran a parallel region hangs in its first one.
   PoolOutcome out = on_fresh_thread([&] {
     WorkerPool pool(po);
+    const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local);
+      EnvList env = rank_environment(o, local, job);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -6785,7 +7449,7 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
           body(local);
         } catch (const c10::Error& e) {
           // LibTorch's what() carries a C++ backtrace; the message is what users need.
-          throw std::runtime_error(e.what_without_backtrace());
+          throw std::runtime_error(worker_error_message(e));
         }
       });
     }
@@ -6798,7 +7462,8 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                 signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
                 " workers were stopped. Launch again when ready.");
   }
-  if (out.first_failure) throw LaunchError(out.first_failure->rank, out.first_failure->message);
+  if (out.first_failure)
+    throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary());
   if (out.timed_out) {
     std::string ranks;
     for (int r : out.stopped_ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
@@ -6855,9 +7520,10 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
 #if ACCEL_WITH_CUDA
   dl::refuse_fork_after_cuda();
 #endif
-  if (dl::env_flag("ACCEL_DEBUG_MODE")) {
+  if (runtime::detail::getenv_flag("ACCEL_DEBUG_MODE")) {
     // Dry run first, as Accelerate's debug mode: spawn-time problems show up
     // as a clear error before any real work starts.
+    if (opts.node_rank != 0) dl::check_reachable(opts.master_addr, opts.master_port, std::chrono::seconds(5));
     if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
         errno == EADDRINUSE)
       throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
@@ -7420,7 +8086,8 @@ auto share(A&& a) {
 ///
 ///   accel_state.json          main   format, accel version, world size, step
 ///                                    counters, how many of each kind, automatic
-///                                    checkpoint number; written last
+///                                    checkpoint number, the XXH64 of every other
+///                                    file ("xxh64"); written last
 ///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
 ///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
 ///                                    optimizer_rank<r>.pt per process when the
@@ -7435,8 +8102,8 @@ auto share(A&& a) {
 /// the processes agree that all files are in, then the main process renames
 /// the directory into place (see detail::commit_directory). A process killed
 /// at any point leaves the previous checkpoint complete and loadable.
-/// Loading validates every file on every process, and the processes agree,
-/// before anything is changed; objects restored through torch archives are
+/// Loading checks every file's checksum and validates it on every process,
+/// and the processes agree, before anything is changed; objects restored through torch archives are
 /// rolled back if one of them still fails.
 #ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
 #define ACCEL_CHECKPOINT_SAVE_STATE_HPP
@@ -7467,10 +8134,11 @@ auto share(A&& a) {
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -7512,25 +8180,83 @@ inline void fsync_path(const fs::path& p, bool directory) {
   if (rc != 0 && !directory) fail_io("flush", p, err);
 }
 
-inline void save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+/// Writes an archive atomically through accel's own file, so that a failed
+/// write (a full disk) is an error naming the path and errno rather than
+/// LibTorch's "unexpected pos" (and its abort: its writer's destructor throws
+/// again), and the checksum comes with the write.
+inline std::uint64_t save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  AtomicFile file(path);
+  std::exception_ptr io_error;
+  const auto write = [&](const void* data, std::size_t size) -> std::size_t {
+    // After a failed write the rest is dropped but reported as written, so
+    // that LibTorch finishes its archive normally; the error is thrown below.
+    if (io_error) return size;
+    try {
+      if (data != nullptr) {
+        file.write(data, size);
+      } else {  // LibTorch's "skip ahead": a hole, zeros in a new file
+        const std::string zeros(size, '\0');
+        file.write(zeros.data(), size);
+      }
+      return size;
+    } catch (...) {
+      io_error = std::current_exception();
+      return size;
+    }
+  };
   try {
-    archive.save_to(path.string());
+    archive.save_to(write);
   } catch (const c10::Error& e) {
+    if (io_error) std::rethrow_exception(io_error);
     throw Error(accel::detail::concat("accel: cannot write '", path.string(), "': ",
                                       e.what_without_backtrace(),
                                       ". Check the path, its permissions and the free disk space."));
   }
-  fsync_path(path, false);
+  if (io_error) std::rethrow_exception(io_error);
+  file.commit();
+  return file.checksum();
 }
 
-/// A whole archive, parsed; a truncated or corrupt file is an accel::Error.
-inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path) {
+[[noreturn]] inline void fail_missing(const fs::path& path) {
+  throw Error("accel: the checkpoint file '" + path.string() +
+              "' is missing. Load a directory written completely by save_state().");
+}
+
+[[noreturn]] inline void fail_checksum(const fs::path& path, std::uint64_t actual, std::uint64_t expected) {
+  throw Error(accel::detail::concat(
+      "accel: the checkpoint file '", path.string(),
+      "' is corrupt: its bytes changed after save_state() wrote them (XXH64 ", to_hex(actual),
+      ", recorded ", to_hex(expected), "). Load another checkpoint, or restore this file from a copy."));
+}
+
+/// The file's bytes (a small file), checked against the checksum save_state
+/// recorded for it (none: a checkpoint written before accel recorded them).
+inline std::string read_checked(const fs::path& path, std::optional<std::uint64_t> expected) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error("accel: the checkpoint file '" + path.string() +
-                "' is missing. Load a directory written completely by save_state().");
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  std::string bytes = read_whole_file(path);
+  if (expected) {
+    Xxh64 hash;
+    hash.update(bytes);
+    if (hash.digest() != *expected) fail_checksum(path, hash.digest(), *expected);
+  }
+  return bytes;
+}
+
+/// A whole archive, checked and parsed; a truncated or corrupt file is an
+/// accel::Error. The check reads the file once more (from the page cache)
+/// rather than holding a copy of it in memory: optimizer files are large.
+inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path,
+                         std::optional<std::uint64_t> expected,
+                         c10::optional<torch::Device> device = c10::nullopt) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  if (expected) {
+    const auto actual = file_checksum(path);
+    if (actual != *expected) fail_checksum(path, actual, *expected);
+  }
   try {
-    archive.load_from(path.string());
+    archive.load_from(path.string(), device);
   } catch (const c10::Error& e) {
     throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
                                       "' is truncated or corrupt (", e.what_without_backtrace(),
@@ -7538,20 +8264,15 @@ inline void load_archive(torch::serialize::InputArchive& archive, const fs::path
   }
 }
 
-inline void write_json(const fs::path& path, const nlohmann::json& j) {
-  write_file_atomic(path, j.dump(2) + "\n");
+inline std::uint64_t write_json(const fs::path& path, const nlohmann::json& j) {
+  return write_file_atomic(path, j.dump(2) + "\n");
 }
 
-inline nlohmann::json read_json(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error("accel: the checkpoint file '" + path.string() +
-                "' is missing. Load a directory written completely by save_state().");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
+inline nlohmann::json read_json(const fs::path& path,
+                                std::optional<std::uint64_t> expected = std::nullopt) {
+  const std::string text = read_checked(path, expected);
   try {
-    auto j = nlohmann::json::parse(text.str());
+    auto j = nlohmann::json::parse(text);
     if (!j.is_object()) throw std::runtime_error("not a JSON object");
     return j;
   } catch (const std::exception& e) {
@@ -7614,6 +8335,10 @@ inline fs::path readable_checkpoint(const fs::path& target) {
   if (fs::is_directory(target, ec)) return target;
   const fs::path old = target.string() + ".accel-old";
   if (!fs::exists(target, ec) && fs::is_directory(old, ec)) return old;
+  if (fs::exists(target, ec))
+    throw Error("accel: the checkpoint path '" + target.string() +
+                "' is a file, not a directory. Pass the directory save_state() wrote (the one "
+                "holding accel_state.json).");
   throw Error("accel: the checkpoint directory '" + target.string() +
               "' does not exist. Pass a directory written by save_state().");
 }
@@ -7706,6 +8431,100 @@ struct GeneratorStates {
 #ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 #define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 
+// begin <accel/checkpoint/detail/optimizer_keys.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Reads optimizer archives written by LibTorch 1.13 on LibTorch 2.x.
+///
+/// An optimizer archive names each parameter's state by the parameter's
+/// TensorImpl address. 1.13 prints it in hex ("0x55d0c3a1b2c0"); 2.x prints
+/// it in decimal and reads it back with std::stoull, which reads every 1.13
+/// key as 0: all states land on one parameter, and the first step fails on a
+/// shape mismatch (or, with equal shapes, trains on another tensor's moments).
+/// The keys are rewritten in decimal before 2.x loads such an archive. 1.13
+/// compares the keys as strings, so it reads both spellings as they are.
+#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+
+
+#include <torch/torch.h>
+
+#include <cctype>
+#include <sstream>
+#include <string>
+
+namespace accel::checkpoint::detail {
+
+inline bool is_hex_address(const std::string& key) {
+  if (key.size() < 3 || key[0] != '0' || key[1] != 'x') return false;
+  for (std::size_t i = 2; i < key.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(key[i]))) return false;
+  return true;
+}
+
+inline std::string decimal_address(const std::string& hex_key) {
+  return std::to_string(std::stoull(hex_key, nullptr, 16));
+}
+
+/// Copies an archive key by key (sub-archives, parameters, buffers, other
+/// values), with hex addresses rewritten in decimal where they name states:
+/// keys directly under "state" and string values under "params".
+inline void copy_with_decimal_addresses(torch::serialize::InputArchive& in,
+                                        torch::serialize::OutputArchive& out,
+                                        const std::string& parent = "") {
+  for (const std::string& key : in.keys()) {
+    torch::serialize::InputArchive sub;
+    if (in.try_read(key, sub)) {
+      torch::serialize::OutputArchive copy(out.compilation_unit());
+      copy_with_decimal_addresses(sub, copy, key);
+      out.write(parent == "state" && is_hex_address(key) ? decimal_address(key) : key, copy);
+      continue;
+    }
+    torch::Tensor t;
+    if (in.try_read(key, t, /*is_buffer=*/false)) {
+      out.write(key, t, /*is_buffer=*/false);
+    } else if (in.try_read(key, t, /*is_buffer=*/true)) {
+      out.write(key, t, /*is_buffer=*/true);
+    } else {
+      c10::IValue v;
+      in.read(key, v);
+      if (v.isString() && key.rfind("params/", 0) == 0 && is_hex_address(v.toStringRef()))
+        v = c10::IValue(decimal_address(v.toStringRef()));
+      out.write(key, v);
+    }
+  }
+}
+
+/// True when `in` is an optimizer archive whose state keys are 1.13's hex.
+inline bool has_hex_state_keys(torch::serialize::InputArchive& in) {
+  torch::serialize::InputArchive state;
+  if (!in.try_read("state", state)) return false;
+  for (const std::string& key : state.keys())
+    if (is_hex_address(key)) return true;
+  return false;
+}
+
+/// Loads `opt` from `in`, first rewriting 1.13's keys when this is 2.x.
+template <class Load>
+void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
+#if ACCEL_TORCH_AT_LEAST(2, 0)
+  if (has_hex_state_keys(in)) {
+    torch::serialize::OutputArchive rewritten;
+    copy_with_decimal_addresses(in, rewritten);
+    std::stringstream bytes;
+    rewritten.save_to(bytes);
+    torch::serialize::InputArchive converted;
+    converted.load_from(bytes);
+    load(converted);
+    return;
+  }
+#endif
+  load(in);
+}
+
+}  // namespace accel::checkpoint::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+// end <accel/checkpoint/detail/optimizer_keys.hpp>
 
 #include <torch/torch.h>
 
@@ -7786,19 +8605,21 @@ inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize:
     out.write("accel.param_groups/" + std::to_string(i), options);
   }
 }
-inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& in) {
-  opt.load(in);  // checks the group count and sizes (c10::Error)
-  torch::Tensor size;
-  in.read("accel.param_groups/size", size);
-  auto& groups = opt.param_groups();
-  TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
-              "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
-              groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    torch::serialize::InputArchive options;
-    in.read("accel.param_groups/" + std::to_string(i), options);
-    groups[i].options().serialize(options);
-  }
+inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& archive) {
+  load_with_portable_keys(archive, [&opt](torch::serialize::InputArchive& in) {
+    opt.load(in);  // checks the group count and sizes (c10::Error)
+    torch::Tensor size;
+    in.read("accel.param_groups/size", size);
+    auto& groups = opt.param_groups();
+    TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
+                "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
+                groups.size());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      torch::serialize::InputArchive options;
+      in.read("accel.param_groups/" + std::to_string(i), options);
+      groups[i].options().serialize(options);
+    }
+  });
 }
 
 /// What load_state() keeps to put an object back if a later load fails:
@@ -7950,6 +8771,8 @@ struct StateRegistry {
 // end <accel/checkpoint/state_registry.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <optional>
@@ -8023,8 +8846,8 @@ inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char*
   const int failed = failed_rank(reg, err == nullptr);
   if (err) std::rethrow_exception(err);
   if (failed >= 0)
-    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed,
-                                      " (its own error says why); ", consequence,
+    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",
+                                      accel::detail::kFailedElsewhere, "; ", consequence,
                                       ". Fix the cause reported by that process and retry."));
 }
 inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
@@ -8043,12 +8866,47 @@ inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int r
              : indexed_name("optimizer", i, ".pt");
 }
 
-/// This process's files of a checkpoint, into stage.
-inline void write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
+inline std::string random_states_file(int rank) {
+  return "random_states_" + std::to_string(rank) + ".pt";
+}
+inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+
+/// The files the main process writes and every process reads.
+inline std::vector<std::string> main_files(const StateRegistry& reg) {
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  if (!reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
+  if (reg.scaler) files.push_back("scaler.json");
+  return files;
+}
+
+/// The files process `rank` writes and reads itself; as many on every process.
+inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
+  std::vector<std::string> files;
+  if (reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+  files.push_back(random_states_file(rank));
+  files.push_back(loaders_file(rank));
+  return files;
+}
+
+/// File name -> XXH64, as accel_state.json's "xxh64" records them: of the
+/// whole file, except for .safetensors files: of their data buffer (the value
+/// their header's accel.data_xxh64 holds too).
+using Checksums = std::map<std::string, std::uint64_t>;
+
+/// This process's files of a checkpoint, into stage; returns their checksums.
+inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
   const bool main = rank == 0;
+  Checksums sums;
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
-      save_safetensors(stage / indexed_name("model", i, ".safetensors"), module_state(*reg.models[i]));
+      const std::string name = indexed_name("model", i, ".safetensors");
+      sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");
     }
   }
@@ -8056,7 +8914,8 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
     for (std::size_t i = 0; i < items.size(); ++i) {
       torch::serialize::OutputArchive out;
       items[i].save(out);
-      save_archive(out, stage / name_of(i));
+      const std::string name = name_of(i);
+      sums[name] = save_archive(out, stage / name);
     }
   };
   if (main || reg.optimizer_per_rank)
@@ -8067,20 +8926,51 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
       return "custom_checkpoint_" + std::to_string(i) + ".pt";
     });
     if (reg.scaler)
-      write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
-                                         {"growth_tracker", reg.scaler->growth_tracker()}});
+      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
+                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);
-  save_archive(rng, stage / ("random_states_" + std::to_string(rank) + ".pt"));
+  sums[random_states_file(rank)] = save_archive(rng, stage / random_states_file(rank));
   crash_point("writing");
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
     loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
   }
-  write_json(stage / ("loaders_" + std::to_string(rank) + ".json"),
-             {{"rank", rank}, {"loaders", loaders}});
+  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
+  return sums;
+}
+
+/// Every process's checksums, on every process: one all-reduce (sum) of a
+/// [processes, own files] table in which each process fills its own row.
+inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
+  auto& comm = *reg.state->comm;
+  const int world = comm.size();
+  if (world == 1) return mine;
+  const auto count = static_cast<int64_t>(own_files(reg, 0).size());
+  auto table = torch::zeros({world, count}, torch::kLong);
+  {
+    const auto names = own_files(reg, comm.rank());
+    auto row = table[comm.rank()];
+    for (int64_t j = 0; j < count; ++j)
+      row[j] = std::bit_cast<int64_t>(mine.at(names[static_cast<std::size_t>(j)]));
+  }
+  table = table.to(comm.device());
+  comm.all_reduce(table, runtime::ReduceOp::Sum)->wait();
+  table = table.to(torch::kCPU);
+  for (int r = 0; r < world; ++r) {
+    const auto names = own_files(reg, r);
+    for (int64_t j = 0; j < count; ++j)
+      mine[names[static_cast<std::size_t>(j)]] = std::bit_cast<std::uint64_t>(table[r][j].item<int64_t>());
+  }
+  return mine;
+}
+
+inline nlohmann::json checksums_json(const Checksums& sums) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, sum] : sums) j[name] = to_hex(sum);
+  return j;
 }
 
 }  // namespace detail
@@ -8096,6 +8986,8 @@ inline void write_process_files(StateRegistry& reg, const fs::path& stage, int r
 #define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -8169,15 +9061,8 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
 
   // Every missing file at once.
-  std::vector<std::string> files;
-  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
-  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
-  for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
-  if (reg.scaler) files.push_back("scaler.json");
-  files.push_back("random_states_" + std::to_string(rank) + ".pt");
-  files.push_back("loaders_" + std::to_string(rank) + ".json");
+  std::vector<std::string> files = main_files(reg);
+  for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
   std::vector<std::string> missing;
   std::error_code ec;
   for (const auto& f : files)
@@ -8185,39 +9070,66 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
               ". Load a directory written completely by save_state().");
 
+  // The checksums save_state recorded (none in checkpoints written before it recorded them).
+  std::optional<Checksums> sums;
+  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
+    sums.emplace();
+    const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
+      const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
+      return value.has_value();
+    });
+    ACCEL_CHECK(valid, "accel: the checkpoint file '", state_file.string(),
+                "' has no valid 'xxh64' entry. Load a directory written by save_state().");
+    for (auto e = it->begin(); e != it->end(); ++e) (*sums)[e.key()] = *from_hex(e.value().get<std::string>());
+  }
+  const auto expected = [&](const std::string& name) -> std::optional<std::uint64_t> {
+    if (!sums) return std::nullopt;
+    const auto it = sums->find(name);
+    ACCEL_CHECK(it != sums->end(), "accel: the checkpoint file '", state_file.string(),
+                "' records no checksum for '", name, "'. Load a directory written completely by "
+                "save_state().");
+    return it->second;
+  };
+
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    const fs::path f = dir / indexed_name("model", i, ".safetensors");
-    s.models.push_back(load_safetensors(f));
+    const std::string name = indexed_name("model", i, ".safetensors");
+    const fs::path f = dir / name;
+    auto contents = read_safetensors(f);  // checks the data against the header's checksum
+    if (const auto want = expected(name)) {
+      const auto it = contents.metadata.find(std::string(kDataChecksumKey));
+      const auto have = it == contents.metadata.end() ? std::nullopt : from_hex(it->second);
+      ACCEL_CHECK(have == want, "accel: the checkpoint file '", f.string(),
+                  "' is not the file save_state() wrote there (its data checksum is ",
+                  have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
+                  to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
+    }
+    s.models.push_back(std::move(contents.tensors));
     check_model(s.models.back(), *reg.models[i], f);
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-    const fs::path f = dir / optimizer_file(reg, i, rank);
-    std::error_code e;
-    ACCEL_CHECK(fs::is_regular_file(f, e), "accel: the checkpoint file '", f.string(), "' is missing.");
-    try {
-      s.optimizers[i].load_from(f.string(), reg.state->device);
-    } catch (const c10::Error& err) {
-      throw Error(accel::detail::concat("accel: the checkpoint file '", f.string(),
-                                        "' is truncated or corrupt (", err.what_without_backtrace(),
-                                        "). Load another checkpoint, or save this one again."));
-    }
+    const std::string name = optimizer_file(reg, i, rank);
+    load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
   }
   s.schedulers.resize(reg.schedulers.size());
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
-    load_archive(s.schedulers[i], dir / indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
+    const std::string name = indexed_name("scheduler", i, ".pt");
+    load_archive(s.schedulers[i], dir / name, expected(name));
+  }
   s.custom.resize(reg.custom.size());
-  for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    load_archive(s.custom[i], dir / ("custom_checkpoint_" + std::to_string(i) + ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i) {
+    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
+    load_archive(s.custom[i], dir / name, expected(name));
+  }
   {
-    const fs::path f = dir / ("random_states_" + std::to_string(rank) + ".pt");
+    const fs::path f = dir / random_states_file(rank);
     torch::serialize::InputArchive rng;
-    load_archive(rng, f);
+    load_archive(rng, f, expected(random_states_file(rank)));
     s.generators = GeneratorStates::read(rng, f);
   }
   {
-    const fs::path f = dir / ("loaders_" + std::to_string(rank) + ".json");
-    const auto j = read_json(f);
+    const fs::path f = dir / loaders_file(rank);
+    const auto j = read_json(f, expected(loaders_file(rank)));
     const auto list_j = j.find("loaders");
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
@@ -8231,7 +9143,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   if (reg.scaler) {
     const fs::path f = dir / "scaler.json";
-    const auto j = read_json(f);
+    const auto j = read_json(f, expected("scaler.json"));
     s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
     ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
                 "' holds an invalid loss scale. Save the checkpoint again.");
@@ -8308,6 +9220,11 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   const int rank = comm.rank();
   const bool main = rank == 0;
   const bool automatic = !dir.has_value();
+  // Accelerate ignores the directory given when automatic naming is on.
+  ACCEL_CHECK(automatic || !options.automatic_checkpoint_naming,
+              "accel: AcceleratorOptions::automatic_checkpoint_naming is on, so save_state() "
+              "writes project_dir/checkpoints/checkpoint_<N>, not '", dir->string(),
+              "'. Call save_state() without a directory, or turn automatic naming off.");
   fs::path base;
   fs::path target;
   if (automatic) {
@@ -8347,12 +9264,24 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   }
   agree(reg, err, "save_state (creating the directory)", kSaveKept);
 
+  // A failed save leaves nothing behind: the previous checkpoint, untouched.
+  const auto remove_stage = [&] {
+    std::error_code ec;
+    if (main) fs::remove_all(stage, ec);
+  };
+  Checksums sums;
   try {
-    write_process_files(reg, stage, rank);
+    sums = write_process_files(reg, stage, rank);
   } catch (...) {
     err = std::current_exception();
   }
-  agree(reg, err, "save_state (writing the files)", kSaveKept);
+  try {
+    agree(reg, err, "save_state (writing the files)", kSaveKept);
+  } catch (...) {
+    remove_stage();
+    throw;
+  }
+  sums = gather_checksums(reg, std::move(sums));
 
   if (main) {
     try {
@@ -8371,7 +9300,8 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
-          {"loss_scaler", reg.scaler != nullptr}};
+          {"loss_scaler", reg.scaler != nullptr},
+          {"xxh64", checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
       fsync_path(stage, true);
       crash_point("before_commit");
@@ -8384,6 +9314,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       }
     } catch (...) {
       err = std::current_exception();
+      remove_stage();
     }
   }
   agree(reg, err, "save_state (committing the directory)", kSaveKept);
@@ -8586,11 +9517,13 @@ inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const tor
 
 // begin <accel/shard/detail/accumulator_hooks.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::shard::detail::AccumulatorHooks: a callback after each
-/// parameter's gradient is accumulated, kept attached across Module::load.
+/// @file Defines accel::shard::detail::AccumulatorHooks: callbacks before and
+/// after each parameter's gradient is accumulated, kept attached across
+/// Module::load.
 #ifndef ACCEL_SHARD_DETAIL_ACCUMULATOR_HOOKS_HPP
 #define ACCEL_SHARD_DETAIL_ACCUMULATOR_HOOKS_HPP
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -8611,13 +9544,19 @@ namespace accel::shard::detail {
 /// with the hook, is then never run: gradients would silently stop being
 /// synchronised. refresh() (before every forward of a prepared model) hooks
 /// the parameter's current accumulator when it changed.
+/// Whether a hook's owner still exists: read on autograd's threads, cleared
+/// by the owner's destructor.
+using Alive = std::atomic<bool>;
+
+/// before(k) runs just before parameter k's gradient is added into .grad:
+/// the last moment to wait for a collective still working on that memory.
 class AccumulatorHooks {
  public:
-  /// on_ready must not run after its owner is destroyed: hooks check `alive`.
-  AccumulatorHooks(std::vector<torch::Tensor> params, std::function<void(std::size_t)> on_ready,
-                   std::weak_ptr<bool> alive)
-      : params_(std::move(params)), on_ready_(std::move(on_ready)), alive_(std::move(alive)),
-        nodes_(params_.size()) {
+  /// The callbacks must not run after their owner is destroyed: hooks check `alive`.
+  AccumulatorHooks(std::vector<torch::Tensor> params, std::function<void(std::size_t)> before,
+                   std::function<void(std::size_t)> on_ready, std::weak_ptr<Alive> alive)
+      : params_(std::move(params)), before_(std::move(before)), on_ready_(std::move(on_ready)),
+        alive_(std::move(alive)), nodes_(params_.size()) {
     for (std::size_t k = 0; k < params_.size(); ++k) hook(k);
   }
 
@@ -8631,6 +9570,9 @@ class AccumulatorHooks {
     auto node = torch::autograd::impl::grad_accumulator(params_[k]);
     ACCEL_CHECK(node, "accel: parameter ", k, " has no gradient accumulator. Give the shard policy "
                 "leaf parameters that require gradients.");
+    node->add_pre_hook(std::make_unique<PreHook>([before = before_, alive = alive_, k] {
+      if (auto a = alive.lock(); a && *a) before(k);
+    }));
     node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [on_ready = on_ready_, alive = alive_, k](const torch::autograd::variable_list& outputs,
                                                   const torch::autograd::variable_list&) {
@@ -8640,9 +9582,19 @@ class AccumulatorHooks {
     nodes_[k] = std::move(node);  // keeps the node (and its hook) alive
   }
 
+  struct PreHook final : torch::autograd::FunctionPreHook {
+    explicit PreHook(std::function<void()> f) : fn(std::move(f)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+      fn();
+      return grads;
+    }
+    std::function<void()> fn;
+  };
+
   std::vector<torch::Tensor> params_;
+  std::function<void(std::size_t)> before_;
   std::function<void(std::size_t)> on_ready_;
-  std::weak_ptr<bool> alive_;
+  std::weak_ptr<Alive> alive_;
   std::vector<std::shared_ptr<torch::autograd::Node>> nodes_;
 };
 
@@ -8668,7 +9620,9 @@ class BucketReducer final : public GradientSync {
                 int64_t bucket_bytes, bool overlap = true)
       : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
     build_buckets(bucket_bytes);
-    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
+    hooks_.emplace(
+        params_, [this](std::size_t k) { before_accumulate(k); },
+        [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -8767,13 +9721,15 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
+  // A second backward before the optimizer step: finish the first round
+  // before autograd adds into a bucket whose all-reduce may still run (the
+  // average of averages is still the average), then start a new one.
+  void before_accumulate(std::size_t k) {
+    if (enabled_ && ready_[k]) finalize();
+  }
+
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
-    if (ready_[k]) {
-      // A second backward before the optimizer step: finish the first round
-      // (the average of averages is still the average) and start a new one.
-      finalize();
-    }
     round_started_ = true;
     ready_[k] = true;
     adopt_grad(k);
@@ -8822,7 +9778,7 @@ class BucketReducer final : public GradientSync {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
   std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
@@ -8904,7 +9860,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    hooks_.emplace(params_, [this](std::size_t k) { on_grad_ready(k); }, alive_);
+    hooks_.emplace(
+        params_, [this](std::size_t k) { before_accumulate(k); },
+        [this](std::size_t k) { on_grad_ready(k); }, alive_);
   }
   ZeroReducer(const ZeroReducer&) = delete;
   ZeroReducer& operator=(const ZeroReducer&) = delete;
@@ -9039,6 +9997,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   struct Slot {
     std::size_t bucket;
     int64_t offset;
+    std::vector<int64_t> shape;  ///< the parameter's shape when it moved into the bucket
   };
   struct Bucket {
     std::vector<std::size_t> params;
@@ -9074,12 +10033,12 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       bytes += static_cast<int64_t>(p.nbytes());
     }
     std::vector<Bucket> buckets;
-    slots_.assign(params_.size(), Slot{0, 0});
+    slots_.assign(params_.size(), Slot{0, 0, {}});
     for (auto& g : groups) {
       Bucket b;
       int64_t numel = 0;
       for (auto k : g) {
-        slots_[k] = Slot{buckets.size(), numel};
+        slots_[k] = Slot{buckets.size(), numel, params_[k].sizes().vec()};
         numel += params_[k].numel();
       }
       b.group = group_of[g.front()];
@@ -9122,10 +10081,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       auto* expected = static_cast<char*>(b.flat.data_ptr()) +
                        slots_[k].offset * static_cast<int64_t>(b.flat.element_size());
       if (p.data_ptr() == expected && p.is_contiguous()) continue;
-      ACCEL_CHECK(p.numel() == static_cast<int64_t>(b.flat.numel() > 0 ? p.numel() : 0) &&
-                      p.scalar_type() == b.flat.scalar_type(),
-                  "accel: parameter ", k, " of a sharded model changed its dtype. Convert the "
-                  "model before prepare().");
+      // A parameter of another shape would overwrite its neighbours in the bucket.
+      ACCEL_CHECK(p.sizes().vec() == slots_[k].shape,
+                  "accel: parameter ", k, " of a sharded model changed its shape from ",
+                  c10::IntArrayRef(slots_[k].shape), " to ", p.sizes(),
+                  " after prepare(). Give parameters their final shapes before prepare().");
+      ACCEL_CHECK(p.scalar_type() == b.flat.scalar_type(), "accel: parameter ", k,
+                  " of a sharded model changed its dtype from ", b.flat.scalar_type(), " to ",
+                  p.scalar_type(), ". Convert the model before prepare().");
       auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
       slice.copy_(p.detach());
       p.set_data(slice);
@@ -9153,9 +10116,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
+  // A second backward before the step: close the first round before autograd
+  // adds into a bucket (ZeRO-1) whose reduction may still run.
+  void before_accumulate(std::size_t k) {
+    if (enabled_ && ready_[k]) finalize();
+  }
+
   void on_grad_ready(std::size_t k) {
     if (!enabled_) return;
-    if (ready_[k]) finalize();  // a second backward before the step: close the first round
     round_started_ = true;
     ready_[k] = true;
     if (!shard_gradients_) adopt_grad(k);
@@ -9216,7 +10184,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
   std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
   std::size_t next_launch_ = 0;
   int64_t rounds_ = 0;
@@ -10010,13 +10978,6 @@ class Trackers {
 namespace accel {
 
 namespace detail {
-inline bool env_flag(const char* name) {
-  auto v = runtime::detail::getenv_str(name);
-  if (!v) return false;
-  std::string s = *v;
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
-}
 
 /// The parameters of a prepared model, or of a range of tensors.
 template <class T>
@@ -10060,7 +11021,7 @@ class Accelerator {
     if (state_->device.is_cuda()) torch::cuda::synchronize(state_->device.index());
     state_->comm = Backend::make_communicator(env_, options_);
     state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
-    debug_ = detail::env_flag("ACCEL_DEBUG_MODE");
+    debug_ = runtime::detail::getenv_flag("ACCEL_DEBUG_MODE");
     if constexpr (Precision::loss_scaling) install_loss_scaler();
   }
 
@@ -10201,14 +11162,18 @@ class Accelerator {
 
   class MainProcessFirst {
    public:
-    MainProcessFirst(runtime::Communicator& comm, bool main) : comm_(&comm), main_(main) {
+    MainProcessFirst(runtime::Communicator& comm, bool main)
+        : comm_(&comm), main_(main), unwinding_(std::uncaught_exceptions()) {
       if (!main_) comm_->barrier();
     }
+    /// A block that throws on the main process skips the barrier: a barrier
+    /// failing during unwinding would be std::terminate; the others then fail
+    /// in theirs, as their peer is gone.
     ~MainProcessFirst() noexcept(false) {
-      if (comm_ && main_) comm_->barrier();
+      if (comm_ && main_ && std::uncaught_exceptions() == unwinding_) comm_->barrier();
     }
     MainProcessFirst(MainProcessFirst&& o) noexcept
-        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_) {}
+        : comm_(std::exchange(o.comm_, nullptr)), main_(o.main_), unwinding_(o.unwinding_) {}
     MainProcessFirst(const MainProcessFirst&) = delete;
     MainProcessFirst& operator=(const MainProcessFirst&) = delete;
     MainProcessFirst& operator=(MainProcessFirst&&) = delete;
@@ -10216,6 +11181,7 @@ class Accelerator {
    private:
     runtime::Communicator* comm_;
     bool main_;
+    int unwinding_;  ///< exceptions in flight at construction
   };
   /// The main process runs the block first (downloads, preprocessing), the
   /// others after it finished.

@@ -39,4 +39,22 @@ for pair in TERM:143 INT:130; do
   contains "$(cat "$T/sig.out")" "SIG$sig"
   no_process "sleep $nap"
 done
+
+# --timeout bounds the whole launch: every process is stopped, exit 124.
+start=$(now_ms)
+out=$("$ACCEL" launch --timeout 2 --num_processes 2 sh -c "sleep $nap" 2>&1)
+rc=$?
+[ "$rc" = 124 ] || fail "exit status $rc after --timeout, expected 124: $out"
+[ "$(( $(now_ms) - start ))" -lt 15000 ] || fail "--timeout 2 took too long"
+contains "$out" "ran past --timeout 2 s"
+no_process "sleep $nap"
+
+# A typo in the process count starts nothing, within a second.
+start=$(now_ms)
+out=$("$ACCEL" launch --num_processes 100000 sh -c "sleep $nap" 2>&1)
+rc=$?
+[ "$rc" != 0 ] || fail "100000 processes were accepted"
+[ "$(( $(now_ms) - start ))" -lt 5000 ] || fail "refusing 100000 processes took too long"
+contains "$out" "100000 processes on this machine is more than"
+no_process "sleep $nap"
 echo PASS

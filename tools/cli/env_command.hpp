@@ -81,10 +81,16 @@ inline int run_env(const std::optional<std::string>& config_file, std::ostream& 
       config_file ? std::filesystem::path(*config_file)
                   : config_file_in_effect().value_or(default_config_path());
   if (std::filesystem::exists(path)) {
-    out << "- Config file: " << path.string() << "\n";
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) out << "    " << line << "\n";
+    try {
+      (void)read_config_file(path, nullptr);  // only a readable file is shown
+      out << "- Config file: " << path.string() << "\n";
+      std::ifstream in(path);
+      std::string line;
+      while (std::getline(in, line)) out << "    " << line << "\n";
+    } catch (const ConfigError& e) {
+      out << "- Config file: " << path.string() << " (unreadable: `accel launch` would stop: "
+          << e.what() << ")\n";
+    }
   } else {
     out << "- Config file: " << path.string() << " (not found: `accel launch` uses defaults)\n";
   }

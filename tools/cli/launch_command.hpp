@@ -35,6 +35,8 @@ struct LaunchFlags {
   std::optional<int> num_cpu_threads_per_process;
   bool cpu = false, debug = false, prefix_output = false, quiet = false;
   double grace_period = 5.0;  ///< seconds between SIGTERM and SIGKILL
+  std::optional<int> timeout;       ///< seconds the whole launch may take (--timeout)
+  std::optional<int> rdzv_timeout;  ///< seconds the workers wait to meet (ACCEL_RDZV_TIMEOUT)
   std::vector<std::string> command;  ///< PROGRAM ARGS...
 };
 
@@ -86,6 +88,7 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
                       std::to_string(p.num_machines) + ". Use the same number of processes on "
                       "every machine.");
   p.local_processes = p.num_processes / p.num_machines;
+  detail::launch::check_local_process_count(p.local_processes);
 
   if (f.main_process_ip) p.main_process_ip = *f.main_process_ip;
   else if (c.main_process_ip) p.main_process_ip = *c.main_process_ip;
@@ -156,9 +159,10 @@ inline LaunchOptions node_options(const LaunchPlan& p, const LaunchFlags& f) {
 /// The variables worker `local_rank` gets on top of the launcher's environment:
 /// notebook_launcher's rank variables plus what the config file asks for.
 inline detail::launch::EnvList worker_env(const LaunchPlan& p, const LaunchFlags& f,
-                                          int local_rank) {
+                                          int local_rank, const std::string& job_id) {
   const LaunchConfig& c = p.config;
-  detail::launch::EnvList env = detail::launch::rank_environment(node_options(p, f), local_rank);
+  detail::launch::EnvList env =
+      detail::launch::rank_environment(node_options(p, f), local_rank, job_id);
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     env.emplace_back("OMP_NUM_THREADS",
                      std::to_string(f.num_cpu_threads_per_process.value_or(
@@ -166,6 +170,7 @@ inline detail::launch::EnvList worker_env(const LaunchPlan& p, const LaunchFlags
   if (f.debug || c.debug) env.emplace_back("ACCEL_DEBUG_MODE", "yes");
   if (f.cpu || c.use_cpu) env.emplace_back("ACCEL_USE_CPU", "yes");
   if (auto b = f.backend ? f.backend : c.backend) env.emplace_back("ACCEL_BACKEND", *b);
+  if (f.rdzv_timeout) env.emplace_back("ACCEL_RDZV_TIMEOUT", std::to_string(*f.rdzv_timeout));
   if (auto g = f.gpu_ids ? f.gpu_ids : c.gpu_ids; g && *g != "all")
     env.emplace_back("CUDA_VISIBLE_DEVICES", *g);
   return env;
@@ -177,6 +182,12 @@ inline int run_launch(const LaunchFlags& f) {
   if (f.command.empty())
     throw Error("accel: no program given. Usage: accel launch [OPTIONS] PROGRAM [ARGS...].");
   const LaunchPlan p = make_launch_plan(f);
+  if (f.debug || p.config.debug) {  // the address checks the docs promise for --debug
+    if (p.machine_rank != 0)
+      detail::launch::check_reachable(p.main_process_ip, p.main_process_port, std::chrono::seconds(5));
+    else
+      (void)detail::launch::resolve_ipv4(p.main_process_ip, p.main_process_port);
+  }
   std::optional<detail::launch::RemoveAtExit> published;
   if (p.published_port_file) published.emplace(*p.published_port_file);
   detail::launch::validate(node_options(p, f));
@@ -185,23 +196,25 @@ inline int run_launch(const LaunchFlags& f) {
   detail::launch::PoolOptions po;
   po.prefix_output = f.prefix_output;
   po.grace = std::chrono::milliseconds(static_cast<long long>(f.grace_period * 1000));
-  po.timeout = std::chrono::hours(24 * 365 * 10);  // a training run ends when it ends
+  // A training run ends when it ends, unless --timeout bounds it.
+  po.timeout = f.timeout ? std::chrono::milliseconds(std::chrono::seconds(*f.timeout))
+                         : std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10));
   detail::launch::WorkerPool pool(po);
+  const std::string job = detail::launch::new_job_id(node_options(p, f));
   for (int i = 0; i < p.local_processes; ++i)
-    pool.spawn_exec(p.machine_rank * p.local_processes + i, worker_env(p, f, i), f.command);
+    pool.spawn_exec(p.machine_rank * p.local_processes + i, worker_env(p, f, i, job), f.command);
   const detail::launch::PoolOutcome out = pool.wait();
   if (out.interrupted_by != 0) {
     std::cerr << "accel: received " << detail::launch::signal_name(out.interrupted_by)
               << "; stopped all processes.\n";
+  } else if (out.timed_out) {
+    std::cerr << "accel: the launch ran past --timeout " << *f.timeout
+              << " s; stopped all processes.\n";
   } else if (out.first_failure) {
     const auto& w = *out.first_failure;
-    const auto stopped = out.stopped_ranks();
-    std::cerr << "accel: rank " << w.rank << " (pid " << w.pid << ") failed: " << w.message;
-    if (!stopped.empty()) {
-      std::cerr << "; stopped rank(s)";
-      for (int r : stopped) std::cerr << ' ' << r;
-    }
-    std::cerr << ".\n";
+    const std::string others = out.others_summary();
+    std::cerr << "accel: rank " << w.rank << " (pid " << w.pid << ") failed: " << w.message
+              << (others.empty() ? "" : "; " + others) << ".\n";
   }
   return out.exit_code();
 }

@@ -69,6 +69,15 @@ int main(int argc, char** argv) {
   launch->add_option("--grace_period", f.grace_period,
                      "Seconds between SIGTERM and SIGKILL when stopping processes")
       ->check(CLI::NonNegativeNumber);
+  int timeout = 0, rdzv_timeout = 0;
+  auto* o_timeout = launch->add_option("--timeout", timeout,
+                                       "Seconds the whole launch may run; then every process is "
+                                       "stopped and accel exits with 124")
+                        ->check(CLI::PositiveNumber);
+  auto* o_rdzv_timeout = launch->add_option("--rdzv_timeout", rdzv_timeout,
+                                            "Seconds the processes wait for each other to join "
+                                            "(ACCEL_RDZV_TIMEOUT; default: the collective timeout)")
+                             ->check(CLI::PositiveNumber);
 
   auto* env = app.add_subcommand("env", "Print versions, backends, cores and the config in effect");
   std::string env_config;
@@ -114,6 +123,8 @@ int main(int argc, char** argv) {
       set_if(o_cf, launch_config, f.config_file);
       set_if(o_gpu, gpu_ids, f.gpu_ids);
       set_if(o_thr, threads, f.num_cpu_threads_per_process);
+      set_if(o_timeout, timeout, f.timeout);
+      set_if(o_rdzv_timeout, rdzv_timeout, f.rdzv_timeout);
       if (o_tee->count() > 0 && tee != "0") f.prefix_output = true;
       f.command = after_dashes.empty() ? launch->remaining() : after_dashes;
       return accel::cli::run_launch(f);

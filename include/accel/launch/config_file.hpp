@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -152,6 +153,10 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
   if (!std::filesystem::exists(path))
     throw ConfigError("accel: config file " + path.string() +
                       " does not exist. Run `accel config` to create it or pass another path.");
+  if (std::filesystem::is_directory(path))
+    throw ConfigError("accel: config file " + path.string() +
+                      " is a directory. Pass the YAML file itself (`accel config` writes " +
+                      default_config_path().filename().string() + ").");
   YAML::Node root;
   try {
     root = YAML::LoadFile(path.string());
@@ -161,16 +166,27 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
   }
   LaunchConfig c;
   c.source = path;
-  if (root.IsNull()) return c;  // an empty file: all defaults
+  if (root.IsNull()) {  // Accelerate reads an empty file as all defaults: so do we, aloud
+    c.warnings.push_back("accel: warning: " + path.string() +
+                         " is empty; every setting takes its default.");
+    if (warn != nullptr) *warn << c.warnings.back() << '\n';
+    return c;
+  }
   if (!root.IsMap())
     throw ConfigError("accel: " + path.string() +
                       ": the top level must be a mapping of keys to values. Run `accel config` to "
                       "write a valid file.");
   detail::ConfigReader r{path.string(), c.warnings};
+  std::map<std::string, int> seen;  // key -> line: YAML readers disagree on duplicates
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
     const int line = kv.first.Mark().line + 1;
+    if (const auto [it, fresh] = seen.emplace(key, line); !fresh)
+      throw ConfigError("accel: " + path.string() + ":" + std::to_string(line) + ": key '" +
+                        detail::ConfigReader::clipped(key) + "' appears twice (lines " +
+                        std::to_string(it->second) + " and " + std::to_string(line) +
+                        "). Keep one of them.");
     if (v.IsNull()) continue;  // Accelerate drops None values; a null means "unset"
     if (key == "compute_environment") {
       c.compute_environment = r.choice(key, v, {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"});

@@ -24,6 +24,7 @@
 #include <accel/launch/detail/rank_env.hpp>
 #include <accel/launch/detail/worker_pool.hpp>
 #include <accel/launch/launch_options.hpp>
+#include <accel/runtime/process_env.hpp>
 
 namespace accel {
 
@@ -41,6 +42,18 @@ class ScopedThreads {
   int old_;
 };
 
+/// A worker's LibTorch error as users should read it. From LibTorch 2.0 on,
+/// a process that ran backward() before forking has children whose autograd
+/// refuses to run; say so in accel's terms, not only autograd's.
+inline std::string worker_error_message(const c10::Error& e) {
+  std::string msg = e.what_without_backtrace();
+  if (msg.find("autograd's threading in combination with fork") == std::string::npos) return msg;
+  return "accel: backward() cannot run in a worker forked by notebook_launcher: this process "
+         "ran backward() before it launched, and LibTorch 2.x refuses autograd in processes "
+         "forked after that. Call notebook_launcher before any backward() in this process, or "
+         "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
+}
+
 /// Runs body in one worker per local rank and waits; turns the pool's outcome
 /// into the launcher's exceptions. `what` names the launch in messages.
 template <class Body>
@@ -57,8 +70,9 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
   // thread that already ran a parallel region hangs in its first one.
   PoolOutcome out = on_fresh_thread([&] {
     WorkerPool pool(po);
+    const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local);
+      EnvList env = rank_environment(o, local, job);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -66,7 +80,7 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
           body(local);
         } catch (const c10::Error& e) {
           // LibTorch's what() carries a C++ backtrace; the message is what users need.
-          throw std::runtime_error(e.what_without_backtrace());
+          throw std::runtime_error(worker_error_message(e));
         }
       });
     }
@@ -79,7 +93,8 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                 signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
                 " workers were stopped. Launch again when ready.");
   }
-  if (out.first_failure) throw LaunchError(out.first_failure->rank, out.first_failure->message);
+  if (out.first_failure)
+    throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary());
   if (out.timed_out) {
     std::string ranks;
     for (int r : out.stopped_ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
@@ -136,9 +151,10 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
 #if ACCEL_WITH_CUDA
   dl::refuse_fork_after_cuda();
 #endif
-  if (dl::env_flag("ACCEL_DEBUG_MODE")) {
+  if (runtime::detail::getenv_flag("ACCEL_DEBUG_MODE")) {
     // Dry run first, as Accelerate's debug mode: spawn-time problems show up
     // as a clear error before any real work starts.
+    if (opts.node_rank != 0) dl::check_reachable(opts.master_addr, opts.master_port, std::chrono::seconds(5));
     if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
         errno == EADDRINUSE)
       throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +

@@ -58,8 +58,8 @@ inline c10d::ReduceOp to_c10d(ReduceOp op) {
     throw TimeoutError(head + msg + " (timeout " + std::to_string(timeout.count()) +
                        " ms). Another rank did not reach the same collective: check that every "
                        "rank calls the collectives in the same order, or raise the timeout.");
-  throw Error(head + msg +
-              ". A peer process probably exited or crashed: look at the other ranks' errors.");
+  throw Error(accel::detail::concat(head, msg, ". ", accel::detail::kPeerVanished,
+                                    " or crashed: look at the other ranks' errors."));
 }
 
 /// A c10d work plus what must happen after it (copy out of a temporary or a

@@ -3,9 +3,11 @@
 #ifndef ACCEL_RUNTIME_PROCESS_ENV_HPP
 #define ACCEL_RUNTIME_PROCESS_ENV_HPP
 
+#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <accel/errors.hpp>
 
@@ -51,6 +53,22 @@ inline std::optional<int> getenv_int(const char* name) {
   }
 }
 
+/// A yes/no variable, spelled as Accelerate's parse_flag_from_env accepts
+/// (1/y/yes/t/true/on, 0/n/no/f/false/off, any case); unset or empty is no,
+/// anything else is an error rather than a silent no.
+inline bool getenv_flag(const char* name) {
+  auto v = getenv_str(name);
+  if (!v) return false;
+  std::string s = *v;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* yes : {"1", "y", "yes", "t", "true", "on"})
+    if (s == yes) return true;
+  for (const char* no : {"0", "n", "no", "f", "false", "off"})
+    if (s == no) return false;
+  throw Error(std::string("accel: environment variable ") + name + "='" + v->substr(0, 100) +
+              "' is neither yes nor no. Set it to 1/yes/true/on or 0/no/false/off, or unset it.");
+}
+
 }  // namespace detail
 
 inline ProcessEnv ProcessEnv::discover() {
@@ -61,6 +79,12 @@ inline ProcessEnv ProcessEnv::discover() {
                   const char* local_size, const char* source) {
     auto r = getenv_int(rank);
     auto s = getenv_int(size);
+    // torchrun's pair set by half is a broken launch, not one process (other
+    // launchers' variables are left to their launchers).
+    if (std::string_view(source) == "torchrun" && r.has_value() != s.has_value())
+      throw Error(accel::detail::concat(
+          "accel: ", r ? rank : size, "=", r ? *r : *s, " is set but ", r ? size : rank,
+          " is not. Set both (accel launch and torchrun do), or neither to run one process."));
     if (!r || !s) return false;
     env.rank = *r;
     env.world_size = *s;
@@ -77,7 +101,11 @@ inline ProcessEnv ProcessEnv::discover() {
       take("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "slurm");
   if (auto a = getenv_str("MASTER_ADDR")) env.master_addr = *a;
   if (auto p = getenv_int("MASTER_PORT")) env.master_port = *p;
-  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+  if (env.world_size < 1)
+    throw Error("accel: world size " + std::to_string(env.world_size) + " (from " + env.source +
+                " variables) is not a number of processes. Check the launcher's RANK/WORLD_SIZE "
+                "settings.");
+  if (env.rank < 0 || env.rank >= env.world_size)
     throw Error("accel: rank " + std::to_string(env.rank) + " is outside world size " +
                 std::to_string(env.world_size) + " (from " + env.source +
                 " variables). Check the launcher's RANK/WORLD_SIZE settings.");

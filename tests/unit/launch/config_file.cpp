@@ -14,19 +14,13 @@
 #include <string>
 
 #include "catch.hpp"
+#include "paths.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  fs::path dir = fs::path(base ? base : fs::temp_directory_path().string()) /
-                 ("config_file_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch(const std::string& name) { return accel_test::fresh_dir("config_file", name); }
 
 fs::path write(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
@@ -215,6 +209,24 @@ TEST_CASE("config_file: wrong types and values are ConfigErrors naming key, line
   CHECK_THROWS_WITH(accel::read_config_file(dir / "missing.yaml"),
                     Catch::Matchers::ContainsSubstring("missing.yaml does not exist") &&
                         Catch::Matchers::ContainsSubstring("accel config"));
+  // Duplicates: yaml-cpp keeps both, other readers the first or the last one.
+  CHECK(error_of("num_processes: 2\nuse_cpu: true\nnum_processes: 4\n") ==
+        "accel: " + file + ":3: key 'num_processes' appears twice (lines 1 and 3). Keep one of them.");
+  CHECK_THROWS_WITH(accel::read_config_file(dir, nullptr),
+                    Catch::Matchers::ContainsSubstring(dir.string() + " is a directory"));
+  // A huge value is quoted in part, not echoed whole.
+  const std::string huge(1 << 20, 'x');
+  const std::string msg = error_of("mixed_precision: " + huge + "\n");
+  CHECK(msg.size() < 400);
+  CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("xxx... (1048576 characters)"));
+}
+
+TEST_CASE("config_file: an empty file means all defaults, with a warning", "[launch][config]") {
+  const auto path = write(scratch("empty") / "c.yaml", "");
+  std::ostringstream warn;
+  const auto c = accel::read_config_file(path, &warn);
+  CHECK(c.num_processes == std::nullopt);
+  CHECK(warn.str() == "accel: warning: " + path.string() + " is empty; every setting takes its default.\n");
 }
 
 TEST_CASE("config_file: write_basic_config writes Accelerate's file and never overwrites",

@@ -2,6 +2,7 @@
 // worker sees, argument passing, failures (exception, exit status, signal,
 // timeout, SIGINT to the launcher) and that no worker survives a failed launch.
 #include <accel/launch.hpp>
+#include <accel/detail/torch_version.hpp>
 #include <accel/runtime/store.hpp>
 
 #include <fcntl.h>
@@ -18,12 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
 
 #include "catch.hpp"
+#include "paths.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -31,15 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A fresh directory under $ACCEL_TEST_TMP for one test's worker reports.
-fs::path fresh_dir(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  fs::path dir = fs::path(base ? base : fs::temp_directory_path().string()) /
-                 ("launch_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+// A fresh directory for one test's worker reports.
+fs::path fresh_dir(const std::string& name) { return accel_test::fresh_dir("launch", name); }
 
 std::string env_or(const char* name, const char* fallback = "<unset>") {
   const char* v = std::getenv(name);
@@ -164,7 +160,7 @@ TEST_CASE("a worker that throws fails the launch and the others are stopped", "[
   });
   CHECK(err.rank() == 1);
   CHECK(err.message() == "boom on rank 1");
-  CHECK(std::string(err.what()) == "accel: process 1 failed: boom on rank 1");
+  CHECK(std::string(err.what()) == "accel: process 1 failed: boom on rank 1; processes 0, 2 were stopped");
   CHECK(seconds < 5.0);
   for (int r : {0, 2}) {
     pid_t pid = std::stoi(read_report(dir / ("rank" + std::to_string(r) + ".txt"))["pid"]);
@@ -390,6 +386,9 @@ TEST_CASE("invalid options are refused with clear messages", "[launch]") {
   auto noop = [] {};
   CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.num_processes = 0}),
                     Catch::Matchers::ContainsSubstring("num_processes is 0. Launch at least 1 process"));
+  CHECK_THROWS_WITH(accel::notebook_launcher(noop, std::tuple<>{}, {.num_processes = 100000}),
+                    Catch::Matchers::ContainsSubstring("100000 processes on this machine is more than") &&
+                        Catch::Matchers::ContainsSubstring("ACCEL_MAX_LOCAL_PROCESSES=100000"));
   CHECK_THROWS_WITH(
       accel::notebook_launcher(noop, std::tuple<>{}, {.num_nodes = 2, .node_rank = 2}),
       Catch::Matchers::ContainsSubstring("node_rank 2 is outside 0..1"));
@@ -488,6 +487,47 @@ TEST_CASE("workers use OpenMP threads even after the launcher's process did", "[
     CHECK(kv["extra"] == "1000");
     CHECK(kv["threads"] == "2");
   }
+}
+
+TEST_CASE("backward() in workers after backward() in the launching process", "[launch][autograd]") {
+  // The launching process is a child of the test, so that the test process
+  // itself never runs autograd before it forks other tests' workers.
+  const fs::path result = fresh_dir("autograd") / "result.txt";
+  const pid_t notebook = ::fork();
+  REQUIRE(notebook >= 0);
+  if (notebook == 0) {
+    std::ofstream out(result);
+    try {
+      auto x = torch::ones({3}, torch::requires_grad());
+      x.sum().backward();  // what a notebook cell before the launch may do
+      accel::notebook_launcher(
+          [] {
+            auto y = torch::ones({3}, torch::requires_grad());
+            (y * 2).sum().backward();
+            if (!torch::equal(y.grad(), torch::full({3}, 2.0))) throw std::runtime_error("wrong grad");
+          },
+          std::tuple<>{}, {.num_processes = 2, .timeout = 60s});
+      out << "ok";
+    } catch (const std::exception& e) {
+      out << e.what();
+    }
+    out.close();
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(notebook, &status, 0) == notebook);
+  REQUIRE(WIFEXITED(status));
+  std::ifstream in(result);
+  const std::string got{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+#if ACCEL_TORCH_AT_LEAST(2, 0)
+  // LibTorch 2.x refuses autograd in such workers: accel says why and what to do.
+  CHECK_THAT(got, Catch::Matchers::ContainsSubstring("accel: process ") &&
+                      Catch::Matchers::ContainsSubstring(
+                          "backward() cannot run in a worker forked by notebook_launcher") &&
+                      Catch::Matchers::ContainsSubstring("Call notebook_launcher before any backward()"));
+#else
+  CHECK(got == "ok");  // LibTorch 1.13 allows it on CPU
+#endif
 }
 
 TEST_CASE("prefix_output tags every worker line with its rank", "[launch]") {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "catch.hpp"
+#include "paths.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -38,14 +39,7 @@ bool dead_or_zombie(pid_t pid) {
   return close != std::string::npos && content.size() > close + 2 && content[close + 2] == 'Z';
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const char* base = std::getenv("ACCEL_TEST_TMP");
-  fs::path dir = fs::path(base ? base : fs::temp_directory_path().string()) /
-                 ("pool_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return accel_test::fresh_dir("pool", name); }
 
 }  // namespace
 
@@ -109,6 +103,34 @@ TEST_CASE("exec failures and exit codes follow the shell convention", "[launch][
     CHECK(out.first_failure->message == "killed by signal SIGKILL");
     CHECK(out.exit_code() == 128 + SIGKILL);
   }
+}
+
+TEST_CASE("the report names the process that failed by itself, not those that failed because of it",
+          "[launch][pool]") {
+  WorkerPool pool;
+  // Rank 0 sees rank 1's failure first (an agreement after a failed read) and
+  // is reaped first; rank 1's own error comes 300 ms later.
+  pool.spawn(0, {}, [] {
+    throw std::runtime_error(
+        "accel: load_state failed on process 1 (its own error says why); nothing was loaded");
+  });
+  pool.spawn(1, {}, [] {
+    std::this_thread::sleep_for(300ms);
+    throw std::runtime_error("accel: the checkpoint file 'random_states_1.pt' is missing");
+  });
+  pool.spawn(2, {}, [] { std::this_thread::sleep_for(30s); });
+  pool.spawn(3, {}, [] {
+    std::this_thread::sleep_for(600ms);  // after rank 1: not the cause, but its own failure
+    throw std::runtime_error("rank 3 ran out of memory");
+  });
+  const auto t0 = Clock::now();
+  auto out = pool.wait();
+  REQUIRE(out.first_failure);
+  CHECK(out.first_failure->rank == 1);
+  CHECK(out.first_failure->message == "accel: the checkpoint file 'random_states_1.pt' is missing");
+  CHECK(out.others_summary() ==
+        "process 0 failed because of it; process 3 failed too: rank 3 ran out of memory; process 2 was stopped");
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 10.0);
 }
 
 TEST_CASE("stopping a worker also stops what it started", "[launch][pool]") {

@@ -84,3 +84,39 @@ TEST_CASE("bad rank variables are a clear error", "[runtime][env]") {
                       Catch::Matchers::ContainsSubstring("rank 4 is outside world size 4"));
   }
 }
+
+TEST_CASE("half of torchrun's variables, or a world size below 1, is an error", "[runtime][env]") {
+  using accel::runtime::ProcessEnv;
+  using Catch::Matchers::ContainsSubstring;
+  {
+    ScopedEnv env({{"RANK", "1"}});
+    CHECK_THROWS_WITH(ProcessEnv::discover(), ContainsSubstring("RANK=1 is set but WORLD_SIZE is not"));
+  }
+  {
+    ScopedEnv env({{"WORLD_SIZE", "-3"}});
+    CHECK_THROWS_WITH(ProcessEnv::discover(), ContainsSubstring("WORLD_SIZE=-3 is set but RANK is not"));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "-3"}});
+    CHECK_THROWS_WITH(ProcessEnv::discover(), ContainsSubstring("world size -3 (from torchrun variables) is not a number of processes"));
+  }
+}
+
+TEST_CASE("yes/no variables take Accelerate's spellings and refuse others", "[runtime][env]") {
+  using accel::runtime::detail::getenv_flag;
+  struct Restore {
+    ~Restore() { ::unsetenv("ACCEL_TEST_FLAG"); }
+  } restore;
+  CHECK_FALSE(getenv_flag("ACCEL_TEST_FLAG"));
+  for (const char* yes : {"1", "y", "YES", "t", "True", "on"}) {
+    ::setenv("ACCEL_TEST_FLAG", yes, 1);
+    CHECK(getenv_flag("ACCEL_TEST_FLAG"));
+  }
+  for (const char* no : {"0", "n", "No", "f", "FALSE", "off", ""}) {
+    ::setenv("ACCEL_TEST_FLAG", no, 1);
+    CHECK_FALSE(getenv_flag("ACCEL_TEST_FLAG"));
+  }
+  ::setenv("ACCEL_TEST_FLAG", "banana", 1);
+  CHECK_THROWS_WITH(getenv_flag("ACCEL_TEST_FLAG"),
+                    Catch::Matchers::ContainsSubstring("ACCEL_TEST_FLAG='banana' is neither yes nor no"));
+}

@@ -27,8 +27,14 @@ struct ConfigReader {
 
   static int line_of(const YAML::Node& v) { return v.Mark().line + 1; }
 
+  /// Text from the file as messages quote it: at most 80 characters.
+  static std::string clipped(const std::string& text) {
+    return text.size() <= 80 ? text
+                             : text.substr(0, 80) + "... (" + std::to_string(text.size()) + " characters)";
+  }
+
   static std::string shown(const YAML::Node& v) {
-    if (v.IsScalar()) return "'" + v.Scalar() + "'";
+    if (v.IsScalar()) return "'" + clipped(v.Scalar()) + "'";
     if (v.IsSequence()) return "a list";
     if (v.IsMap()) return "a mapping";
     return "nothing";
@@ -36,13 +42,13 @@ struct ConfigReader {
 
   [[noreturn]] void fail(const std::string& key, const YAML::Node& v, const std::string& found,
                          const std::string& allowed) const {
-    throw ConfigError("accel: " + file + ":" + std::to_string(line_of(v)) + ": key '" + key +
-                      "' " + found + ". Use " + allowed + ".");
+    throw ConfigError("accel: " + file + ":" + std::to_string(line_of(v)) + ": key '" +
+                      clipped(key) + "' " + found + ". Use " + allowed + ".");
   }
 
   void warn(const std::string& key, int line, const std::string& why) {
-    warnings.push_back("accel: warning: " + file + ":" + std::to_string(line) + ": key '" + key +
-                       "': " + why + ".");
+    warnings.push_back("accel: warning: " + file + ":" + std::to_string(line) + ": key '" +
+                       clipped(key) + "': " + why + ".");
   }
 
   std::string choice(const std::string& key, const YAML::Node& v,
@@ -52,7 +58,7 @@ struct ConfigReader {
     if (!v.IsScalar()) fail(key, v, "is " + shown(v), "one of: " + list);
     const std::string s = v.Scalar();
     if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
-      fail(key, v, "has the value '" + s + "', which is not allowed", "one of: " + list);
+      fail(key, v, "has the value '" + clipped(s) + "', which is not allowed", "one of: " + list);
     return s;
   }
 

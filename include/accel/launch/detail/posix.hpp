@@ -145,15 +145,6 @@ inline std::optional<int> positive_env_int(const char* name) {
   return static_cast<int>(n);
 }
 
-/// Truthy flag values, as Accelerate's parse_flag_from_env: y, yes, t, true, on, 1.
-inline bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return false;
-  std::string s(v);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s == "1" || s == "y" || s == "yes" || s == "t" || s == "true" || s == "on";
-}
-
 /// Sets variables for a scope and puts back the previous values (or unsets
 /// them) on destruction, also when an exception leaves the scope.
 class ScopedEnv {

@@ -10,9 +10,15 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdint>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -21,14 +27,31 @@
 #include <accel/launch/detail/ports.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/launch_options.hpp>
+#include <accel/runtime/detail/tcp_probe.hpp>
 #include <accel/runtime/process_env.hpp>
 
 namespace accel::detail::launch {
+
+/// More processes on one machine than this is a typo (num_processes: 100000),
+/// not a plan: 4 per core, at least 8; ACCEL_MAX_LOCAL_PROCESSES raises it.
+inline int max_local_processes() {
+  if (const auto n = positive_env_int("ACCEL_MAX_LOCAL_PROCESSES")) return *n;
+  return std::max(8, 4 * available_cores());
+}
+
+inline void check_local_process_count(int n) {
+  const int limit = max_local_processes();
+  ACCEL_CHECK(n <= limit, "accel: ", n, " processes on this machine is more than ", limit,
+              " (4 per CPU core, ", available_cores(), " cores): each would get a sliver of a "
+              "core and its own copy of the model. Launch fewer, or set "
+              "ACCEL_MAX_LOCAL_PROCESSES=", n, " if you mean it.");
+}
 
 /// Throws accel::Error when the options cannot describe a launch.
 inline void validate(const LaunchOptions& o) {
   ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
               ". Launch at least 1 process.");
+  check_local_process_count(o.num_processes);
   ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
   ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
               " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
@@ -52,7 +75,9 @@ inline void validate(const LaunchOptions& o) {
 
 /// The torchrun-style variables of the worker `local_rank` on this node.
 /// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
-inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
+/// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
+/// worker reaching another job's store leaves (runtime/store.hpp).
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {}) {
   EnvList env{
       {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
       {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
@@ -63,7 +88,20 @@ inline EnvList rank_environment(const LaunchOptions& o, int local_rank) {
       {"MASTER_PORT", std::to_string(o.master_port)},
   };
   if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);
   return env;
+}
+
+/// A fresh id for a launch whose workers all start here (one node); a launch
+/// over several nodes has none, as each node's launcher would draw its own.
+inline std::string new_job_id(const LaunchOptions& o) {
+  if (o.num_nodes != 1) return {};
+  std::random_device rd;
+  const auto v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  for (int i = 0; i < 16; ++i) id[static_cast<std::size_t>(i)] = kDigits[(v >> (4 * i)) & 0xF];
+  return id;
 }
 
 /// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
@@ -86,6 +124,22 @@ inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
   ::freeaddrinfo(res);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   return addr;
+}
+
+/// --debug's check of another machine's rendezvous address: resolves it and
+/// tries one TCP connection. A refusal passes (machine 0's launch may simply
+/// not have started yet); no route, or no answer within `timeout` (a firewall,
+/// the wrong address), is an accel::Error saying so.
+inline void check_reachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  (void)resolve_ipv4(host, port);  // a clear error when it does not resolve
+  const int err = runtime::detail::try_connect(host, port, timeout);
+  if (err == 0 || err == ECONNREFUSED) return;
+  throw Error(concat("accel: debug launch: the rendezvous address ", host, ":", port,
+                     " cannot be reached from this machine (",
+                     err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count() / 1000) + " s"
+                                      : std::string(std::strerror(err)),
+                     "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
+                     "the machines."));
 }
 
 /// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or

@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -56,7 +57,9 @@ struct WorkerResult {
 
 struct PoolOutcome {
   std::vector<WorkerResult> workers;          ///< in spawn order
-  std::optional<WorkerResult> first_failure;  ///< the first worker seen failing
+  /// The cause: the first worker seen failing by itself, not because another
+  /// one did (accel::detail::caused_by_another_process); else the first seen.
+  std::optional<WorkerResult> first_failure;
   bool timed_out = false;                     ///< the pool's deadline passed first
   int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
 
@@ -68,6 +71,36 @@ struct PoolOutcome {
     if (timed_out) return 124;
     if (first_failure) return std::max(1, first_failure->exit_code());
     return 0;
+  }
+  /// What became of the others: "process 0 failed because of it; process 2
+  /// was stopped", or "" when there were no others. A process that failed by
+  /// itself too is listed with its own message.
+  std::string others_summary() const {
+    std::vector<int> because, stopped;
+    std::string independent;
+    for (const auto& w : workers) {
+      if (first_failure && w.rank == first_failure->rank) continue;
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) {
+        stopped.push_back(w.rank);
+      } else if (w.failed() && accel::detail::caused_by_another_process(w.message)) {
+        because.push_back(w.rank);
+      } else if (w.failed()) {
+        const std::string msg = w.message.size() > 300 ? w.message.substr(0, 300) + "..." : w.message;
+        independent += (independent.empty() ? "" : "; ") + std::string("process ") +
+                       std::to_string(w.rank) + " failed too: " + msg;
+      }
+    }
+    const auto join = [](const std::vector<int>& ranks, const char* one, const char* many) {
+      std::string s = ranks.size() == 1 ? "process " : "processes ";
+      for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+      return s + (ranks.size() == 1 ? one : many);
+    };
+    std::string out;
+    const auto add = [&out](const std::string& part) { out += (out.empty() ? "" : "; ") + part; };
+    if (!because.empty()) add(join(because, " failed because of it", " failed because of it"));
+    if (!independent.empty()) add(independent);
+    if (!stopped.empty()) add(join(stopped, " was stopped", " were stopped"));
+    return out;
   }
   /// Ranks that were still running when the pool stopped them.
   std::vector<int> stopped_ranks() const {
@@ -83,6 +116,10 @@ struct PoolOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
   /// Between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds grace{std::chrono::seconds{5}};
+  /// After a first failure, how long the others may take to end by
+  /// themselves before they are stopped: processes that fail because of it
+  /// then say so, and the report names the one that failed first by itself.
+  std::chrono::milliseconds settle{std::chrono::seconds{2}};
   /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
   bool prefix_output = false;
   /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
@@ -184,16 +221,17 @@ class WorkerPool {
   PoolOutcome wait() {
     PoolOutcome out;
     const auto deadline = start_ + options_.timeout;
+    std::vector<std::size_t> failed;  // in the order seen
     while (running() > 0) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
-      for (std::size_t i : reap()) {
-        if (workers_[i].result.failed() && !out.first_failure) {
-          out.first_failure = workers_[i].result;
-          stop_all();
-        }
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+      if (!failed.empty()) {
+        settle(failed);
+        stop_all();
+        break;
       }
-      if (out.first_failure) break;
       if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
         out.interrupted_by = sig;
         stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
@@ -210,7 +248,24 @@ class WorkerPool {
       flush_partial(w);
       out.workers.push_back(w.result);
     }
+    if (!failed.empty()) {
+      const auto cause = std::find_if(failed.begin(), failed.end(), [&](std::size_t i) {
+        return !accel::detail::caused_by_another_process(workers_[i].result.message);
+      });
+      out.first_failure = workers_[cause != failed.end() ? *cause : failed.front()].result;
+    }
     return out;
+  }
+
+  /// Lets the other workers end by themselves for up to options_.settle,
+  /// adding those that fail to `failed`.
+  void settle(std::vector<std::size_t>& failed) {
+    const auto until = Clock::now() + options_.settle;
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+    }
   }
 
   /// `first` (SIGTERM) to every running worker's process group, SIGKILL to

@@ -79,9 +79,9 @@ inline std::string mpi_timeout_message(const std::string& op, int rank, int size
 
 inline std::string mpi_failure_message(const std::string& op, int rank, int size, int rc) {
   return "accel: Mpi " + op + " failed on rank " + std::to_string(rank) + " of " +
-         std::to_string(size) + ": " + mpi_error_string(rc) +
-         ". A peer process probably exited, or the ranks passed different sizes or types: look "
-         "at the other ranks' errors.";
+         std::to_string(size) + ": " + mpi_error_string(rc) + ". " +
+         std::string(accel::detail::kPeerVanished) +
+         ", or the ranks passed different sizes or types: look at the other ranks' errors.";
 }
 
 /// MPI requests (one per chunk of a collective) polled with MPI_Testall
