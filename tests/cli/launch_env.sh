@@ -3,9 +3,11 @@
 . "$(dirname "$0")/common.sh"
 show='echo "R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE N=$NODE_RANK A=$MASTER_ADDR P=$MASTER_PORT MP=$ACCEL_MIXED_PRECISION T=$OMP_NUM_THREADS"'
 
-out=$(env -u OMP_NUM_THREADS "$ACCEL" launch --num_processes 2 --main_process_port 29877 /bin/sh -c "$show" 2>&1) || fail "$out"
-contains "$out" "R=0 W=2 L=0 LW=2 N=0 A=127.0.0.1 P=29877 MP=no T="
-contains "$out" "R=1 W=2 L=1 LW=2 N=0 A=127.0.0.1 P=29877 MP=no T="
+# Free ports, not fixed ones: other tests run at the same time (ctest -j).
+port=$("$ACCEL" launch -q --main_process_port 0 sh -c 'echo $MASTER_PORT') || fail "no free port"
+out=$(env -u OMP_NUM_THREADS "$ACCEL" launch --num_processes 2 --main_process_port $port /bin/sh -c "$show" 2>&1) || fail "$out"
+contains "$out" "R=0 W=2 L=0 LW=2 N=0 A=127.0.0.1 P=$port MP=no T="
+contains "$out" "R=1 W=2 L=1 LW=2 N=0 A=127.0.0.1 P=$port MP=no T="
 contains "$out" "no config file at"
 
 out=$("$ACCEL" launch --num_processes 2 --prefix_output -- sh -c 'echo out $RANK; echo err $RANK >&2' 2>&1) || fail "$out"
@@ -27,10 +29,11 @@ out=$("$ACCEL" launch --num_processes 1 sh -c 'echo "args:$*"' x --num_processes
 contains "$out" "args:--num_processes 9"
 
 # Config file < flags.
-printf 'mixed_precision: fp16\nnum_processes: 3\nmain_process_port: 29878\nunknown_key: 1\n' > "$T/c.yaml"
+port2=$("$ACCEL" launch -q --main_process_port 0 sh -c 'echo $MASTER_PORT') || fail "no free port"
+printf 'mixed_precision: fp16\nnum_processes: 3\nmain_process_port: %s\nunknown_key: 1\n' "$port2" > "$T/c.yaml"
 out=$("$ACCEL" launch --config_file "$T/c.yaml" sh -c "$show" 2>&1) || fail "$out"
 contains "$out" "R=2 W=3"
-contains "$out" "P=29878 MP=fp16"
+contains "$out" "P=$port2 MP=fp16"
 contains "$out" "key 'unknown_key'"
 out=$("$ACCEL" launch --config_file "$T/c.yaml" --num_processes 2 --mixed_precision bf16 sh -c "$show" 2>&1) || fail "$out"
 contains "$out" "R=1 W=2"

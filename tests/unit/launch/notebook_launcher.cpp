@@ -105,9 +105,10 @@ TEST_CASE("2 and 3 workers see their rank variables and the arguments", "[launch
   for (int n : {2, 3}) {
     DYNAMIC_SECTION(n << " workers") {
       const fs::path dir = fresh_dir("vars" + std::to_string(n));
+      const int port = accel::detail::pick_free_port();  // a fixed one may be taken under ctest -j
       accel::LaunchOptions opts;
       opts.num_processes = n;
-      opts.master_port = 29411;
+      opts.master_port = port;
       opts.mixed_precision = "bf16";
       accel::notebook_launcher(
           [](const std::string& d, int a, const std::string& b, double c) {
@@ -124,7 +125,7 @@ TEST_CASE("2 and 3 workers see their rank variables and the arguments", "[launch
         CHECK(kv["LOCAL_WORLD_SIZE"] == std::to_string(n));
         CHECK(kv["NODE_RANK"] == "0");
         CHECK(kv["MASTER_ADDR"] == "127.0.0.1");
-        CHECK(kv["MASTER_PORT"] == "29411");
+        CHECK(kv["MASTER_PORT"] == std::to_string(port));
         CHECK(kv["ACCEL_FORK_LAUNCHED"] == "1");
         CHECK(kv["ACCEL_MIXED_PRECISION"] == "bf16");
         CHECK(kv["extra"] == "42,text,2.5");
@@ -343,6 +344,7 @@ TEST_CASE("master_port 0 picks one free port for all workers", "[launch]") {
 
 TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]") {
   const fs::path dir = fresh_dir("two_nodes");
+  const int port = accel::detail::pick_free_port();
   auto node = [&](int node_rank) {
     accel::notebook_launcher(
         [](const std::string& d) {
@@ -351,7 +353,7 @@ TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]"
           if (!wait_for_reports(d, 4)) throw std::runtime_error("the other node never came");
         },
         std::make_tuple(dir.string()),
-        {.num_processes = 2, .num_nodes = 2, .node_rank = node_rank, .master_port = 29412,
+        {.num_processes = 2, .num_nodes = 2, .node_rank = node_rank, .master_port = port,
          .timeout = 60s});
   };
   const pid_t other = ::fork();  // node 1 is another process, as on another machine
@@ -378,7 +380,7 @@ TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]"
     CHECK(kv["LOCAL_RANK"] == std::to_string(r % 2));
     CHECK(kv["LOCAL_WORLD_SIZE"] == "2");
     CHECK(kv["NODE_RANK"] == std::to_string(r / 2));
-    CHECK(kv["MASTER_PORT"] == "29412");
+    CHECK(kv["MASTER_PORT"] == std::to_string(port));
   }
 }
 
@@ -416,7 +418,8 @@ TEST_CASE("ACCEL_DEBUG_MODE: a dry launch checks the workers first", "[launch]")
   const fs::path dir = fresh_dir("debug");
   ::setenv("ACCEL_DEBUG_MODE", "yes", 1);
   accel::notebook_launcher([](const std::string& d) { write_report(d); },
-                           std::make_tuple(dir.string()), {.num_processes = 2, .master_port = 29413});
+                           std::make_tuple(dir.string()),
+                           {.num_processes = 2, .master_port = accel::detail::pick_free_port()});
   CHECK(read_report(dir / "rank1.txt")["RANK"] == "1");
 
   // A taken port is named before anything starts.
