@@ -195,6 +195,34 @@ TEST_CASE("bf16 autocast: forward in bfloat16, outputs back in float32", "[core]
   CHECK(torch::allclose(y, expected, 2e-2, 2e-2));
 }
 
+namespace {
+// Records the dtype of its intermediate result: what autocast made of it.
+struct Probe : torch::nn::Module {
+  torch::nn::Linear lin{nullptr};
+  at::ScalarType seen = at::kDouble;
+  Probe() { lin = register_module("lin", torch::nn::Linear(8, 8)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = lin->forward(x);
+    seen = h.scalar_type();
+    return h.to(torch::kFloat);
+  }
+};
+}  // namespace
+
+TEST_CASE("bf16 autocast is on inside the prepared model's forward, and only there", "[core][precision]") {
+  accel::Accelerator<accel::backend::SingleDevice, accel::precision::Bf16> acc;
+  torch::manual_seed(0);
+  auto probe = std::make_shared<Probe>();
+  auto [model] = acc.prepare(probe);
+  const auto x = torch::randn({4, 8});
+  const auto through_accel = model(x);
+  CHECK(probe->seen == torch::kBFloat16);
+  const auto plain = probe->forward(x);
+  CHECK(probe->seen == torch::kFloat);
+  CHECK_FALSE(torch::equal(through_accel, plain));  // rounded through bfloat16
+  CHECK(torch::allclose(through_accel, plain, 2e-2, 2e-2));
+}
+
 TEST_CASE("Fp16 without CUDA is a clear error that suggests Bf16", "[core][precision]") {
   if (torch::cuda::is_available()) return;
   using Fp16Acc = accel::Accelerator<accel::backend::SingleDevice, accel::precision::Fp16>;

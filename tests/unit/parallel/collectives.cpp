@@ -3,6 +3,8 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -59,7 +61,22 @@ void collectives_body() {
   auto front = acc.pad_across_processes(ragged, 0, -1, true);
   expect(front[n - 1].eq(r).all().item<bool>(), "pad at the front");
   {
-    auto first = acc.main_process_first();
+    // The others enter the block only after the main process left it
+    // (steady_clock is the same clock in every process of this machine).
+    const auto now = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    };
+    double entered = 0, left = 0;
+    {
+      auto first = acc.main_process_first();
+      entered = now();
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      left = now();
+    }
+    auto times = acc.gather(torch::tensor({entered, left}, torch::kDouble).reshape({1, 2}));
+    for (int k = 1; k < n; ++k)
+      expect(times[k][0].item<double>() >= times[0][1].item<double>(),
+             "rank " + std::to_string(k) + " entered main_process_first's block before the main process left it");
   }
   acc.wait_for_everyone();
 }
@@ -189,6 +206,75 @@ void main_first_throws_body() {
   throw std::runtime_error("the download failed");
 }
 
+
+// Gloo, with every collective counted: what accumulate() sends is observable.
+std::atomic<int> g_collectives{0};
+class CountingCommunicator final : public accel::runtime::Communicator {
+ public:
+  explicit CountingCommunicator(std::shared_ptr<accel::runtime::Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view backend_name() const override { return inner_->backend_name(); }
+  torch::Device device() const override { return inner_->device(); }
+  std::shared_ptr<accel::runtime::Work> all_reduce(torch::Tensor& t, accel::runtime::ReduceOp op) override {
+    ++g_collectives;
+    return inner_->all_reduce(t, op);
+  }
+  std::shared_ptr<accel::runtime::Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override {
+    ++g_collectives;
+    return inner_->all_gather(out, in);
+  }
+  std::shared_ptr<accel::runtime::Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in,
+                                                       accel::runtime::ReduceOp op) override {
+    ++g_collectives;
+    return inner_->reduce_scatter(out, in, op);
+  }
+  std::shared_ptr<accel::runtime::Work> broadcast(torch::Tensor& t, int src) override {
+    ++g_collectives;
+    return inner_->broadcast(t, src);
+  }
+  void barrier() override {
+    ++g_collectives;
+    inner_->barrier();
+  }
+
+ private:
+  std::shared_ptr<accel::runtime::Communicator> inner_;
+};
+struct CountingGloo : accel::backend::Gloo {
+  static std::shared_ptr<accel::runtime::Communicator> make_communicator(const accel::runtime::ProcessEnv& env,
+                                                                         const accel::AcceleratorOptions& o) {
+    return std::make_shared<CountingCommunicator>(accel::backend::Gloo::make_communicator(env, o));
+  }
+};
+
+// 8 micro-steps with gradient_accumulation_steps = 4: collectives only in the
+// 4th and 8th (the gradient all-reduce and the step's), none in the others.
+template <class Shard>
+void accumulate_counts_body() {
+  accel::Accelerator<CountingGloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.gradient_accumulation_steps = 4});
+  torch::manual_seed(0);
+  auto net = torch::nn::Linear(8, 2);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [m, opt] = acc.prepare(net, sgd);
+  std::vector<int> sent;
+  for (int i = 0; i < 8; ++i) {
+    const int before = g_collectives;
+    {
+      auto guard = acc.accumulate(m);
+      acc.backward(m(torch::randn({4, 8})).sum());
+      opt.step();
+      opt.zero_grad();
+    }
+    sent.push_back(g_collectives - before);
+  }
+  std::string text;
+  for (int n : sent) text += std::to_string(n) + " ";
+  for (int i : {0, 1, 2, 4, 5, 6}) expect(sent[static_cast<std::size_t>(i)] == 0, "collectives per micro-step: " + text);
+  expect(sent[3] > 0 && sent[7] > 0, "no collective on the sync steps: " + text);
+}
+
 }  // namespace
 
 TEST_CASE("Module::load after prepare() keeps gradients synchronised", "[parallel][gloo][load]") {
@@ -228,6 +314,11 @@ TEST_CASE("main_process_first: a block that throws on the main process reports i
     CHECK(e.rank() == 1);
     CHECK_THAT(std::string(e.what()), Catch::Matchers::ContainsSubstring("process 0 failed too: the download failed"));
   }
+}
+
+TEST_CASE("accumulate(): the non-sync micro-steps send nothing", "[parallel][gloo][accumulate]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::Replicate>, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::ShardOptimizer>, std::make_tuple(), procs(2)));
 }
 
 TEST_CASE("parameters without gradient do not hang the step", "[parallel][gloo][unused]") {
