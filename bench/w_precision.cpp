@@ -72,6 +72,18 @@ Run train(const workload::Data& d) {
   });
 }
 
+/// LibTorch's own CPU autocast switch, in each version's spelling (2.4
+/// deprecated the CPU-specific calls).
+void raw_cpu_autocast(bool on) {
+#if ACCEL_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+  if (on) at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+#else
+  at::autocast::set_cpu_enabled(on);
+  if (on) at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+#endif
+}
+
 /// The same loop without accel: LibTorch's autocast set by hand around forward.
 Run train_raw_autocast(const workload::Data& d) {
   auto model = workload::make_model();
@@ -79,11 +91,10 @@ Run train_raw_autocast(const workload::Data& d) {
   return timed([&](int i) {
     const int64_t b = i % 100;
     sgd.zero_grad();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    raw_cpu_autocast(true);
     auto logits = model->forward(d.x.narrow(0, kBatch * b, kBatch)).to(torch::kFloat);
     at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
+    raw_cpu_autocast(false);
     auto loss = torch::cross_entropy_loss(logits, d.y.narrow(0, kBatch * b, kBatch));
     loss.backward();
     sgd.step();

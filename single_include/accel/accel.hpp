@@ -11381,14 +11381,23 @@ class Accelerator {
     scaler_->set_comm_device(state_->comm->device());
     std::weak_ptr<precision::LossScaler> weak = scaler_;
     auto comm = state_->comm;
-    state_->before_step = [weak, comm](torch::optim::Optimizer& opt) {
-      auto s = weak.lock();
+    // The prepared optimizer shares the training state, not the Accelerator:
+    // it may outlive the loss scaler.
+    const auto scaler_of = [](const std::weak_ptr<precision::LossScaler>& w) {
+      auto s = w.lock();
+      ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
+                  "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
+                  "alive while you train with what it prepared.");
+      return s;
+    };
+    state_->before_step = [weak, comm, scaler_of](torch::optim::Optimizer& opt) {
+      auto s = scaler_of(weak);
       std::vector<torch::Tensor> params;
       for (auto& g : opt.param_groups())
         for (auto& p : g.params()) params.push_back(p);
       return !s->unscale(params, *comm);
     };
-    state_->after_step = [weak](bool) { weak.lock()->update(); };
+    state_->after_step = [weak, scaler_of](bool) { scaler_of(weak)->update(); };
   }
 
   AcceleratorOptions options_;

@@ -7,6 +7,7 @@
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <limits>
+#include <optional>
 
 #include "catch.hpp"
 
@@ -228,4 +229,19 @@ TEST_CASE("loss scaling: an overflow on one rank makes every rank skip the step 
 TEST_CASE("loss scaling: an overflow on one rank makes every rank skip the step (ShardGradients, inf in one gradient element)",
           "[parallel][precision][scaler][gloo]") {
   check_two_ranks<accel::shard::ShardGradients>("scaler_zero2");
+}
+
+TEST_CASE("loss scaling: a step after the Accelerator is gone is a clear error, not a crash",
+          "[parallel][scaler]") {
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  std::optional<accel::AcceleratedOptimizer<torch::optim::SGD>> kept;
+  {
+    accel::Accelerator<accel::backend::SingleDevice, ScaledFp32> acc(scaler_options());
+    auto [m, opt] = acc.prepare(net, sgd);
+    acc.backward(m(batch_x(0, 0)).pow(2).mean());
+    kept.emplace(std::move(opt));
+  }
+  CHECK_THROWS_WITH(kept->step(), Catch::Matchers::ContainsSubstring(
+                                      "optimizer.step() after the Accelerator that prepared the optimizer was destroyed"));
 }
