@@ -17,3 +17,11 @@ if(EXISTS ${_cuda_home}/include/nccl.h AND EXISTS /usr/include/torch/csrc/distri
             ${CMAKE_CURRENT_SOURCE_DIR}/nccl/nccl_syntax.cpp)
   set_tests_properties(nccl.syntax PROPERTIES TIMEOUT 600)
 endif()
+
+# The GPU machine's programs (tests/gpu/run.sh, issue 20) compiled the same way:
+# what runs there must at least compile here.
+if(EXISTS ${_cuda_home}/include/nccl.h AND EXISTS /usr/include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp)
+  add_test(NAME gpu.compile COMMAND ${CMAKE_COMMAND} -E env CUDA_HOME=${_cuda_home}
+           OUT=${CMAKE_CURRENT_BINARY_DIR}/gpu-out bash ${PROJECT_SOURCE_DIR}/tests/gpu/run.sh --compile-only)
+  set_tests_properties(gpu.compile PROPERTIES TIMEOUT 900)
+endif()
