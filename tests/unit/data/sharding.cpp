@@ -154,7 +154,8 @@ TEST_CASE("bad shard specs are accel::Error", "[data][shard]") {
 }
 
 TEST_CASE("shuffle: torch.randperm order seeded with seed + epoch", "[data][shuffle]") {
-  // Reference: torch.randperm(n, generator=torch.Generator().manual_seed(s)) in Python 1.13.
+  // Reference: torch.randperm(n, generator=torch.Generator().manual_seed(s)) in Python 1.13
+  // (tests/baselines/gen_sharding_reference.py prints them).
   CHECK(accel::data::epoch_order(10, true, 42, 0) ==
         std::vector<size_t>{2, 6, 1, 8, 4, 5, 0, 9, 3, 7});
   CHECK(accel::data::epoch_order(10, true, 42, 1) ==
@@ -210,6 +211,10 @@ TEST_CASE("sharding equals Accelerate's BatchSamplerShard over a full sweep", "[
   // "<n> <bs> <P> <rank> <split> <even> <drop> <len(list(shard))>:[i,...,]...\n".
   // Those 4816 lines (109979 bytes) hash to the FNV-1a 64 value below; here
   // the same text is built from shard_batches() and sharded_num_batches().
+  // tests/baselines/gen_sharding_reference.py regenerates the text and hash
+  // from Accelerate's source (its docstring says how). The count is
+  // len(list(shard)): Accelerate's own len(shard) over-reports in 78 of these
+  // cases (split_batches without even_batches), accel counts what it yields.
   std::string text;
   char line[64];
   for (size_t n = 0; n <= 13; ++n)
