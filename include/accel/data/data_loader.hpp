@@ -216,8 +216,8 @@ class DataLoader<Dataset, Collate>::Run {
           next_, count, o.num_workers, static_cast<int64_t>(o.prefetch_factor) * o.num_workers,
           [this](int64_t j) { return produce(j); }, o.timeout);
     }
-    detail::ActiveLoaders::instance().push(&state_);
-    registered_ = true;
+    active_ = detail::ActiveLoaders::instance();
+    active_->push(&state_);
   }
 
   // Moves to the next batch; false (and the loop is over) when there is none.
@@ -249,8 +249,8 @@ class DataLoader<Dataset, Collate>::Run {
     if (finished_) return;
     finished_ = true;
     prefetcher_.reset();  // joins the workers
-    if (registered_) detail::ActiveLoaders::instance().remove(&state_);
-    registered_ = false;
+    if (active_) active_->remove(&state_);
+    active_.reset();
     if (completed) {
       progress_->epoch += 1;
       progress_->yielded = 0;
@@ -268,7 +268,7 @@ class DataLoader<Dataset, Collate>::Run {
   LoaderState state_;
   std::optional<batch_type> current_;
   std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
-  bool registered_ = false;
+  std::shared_ptr<detail::ActiveLoaders> active_;  // the stack of the thread that started it
   bool finished_ = false;
 };
 

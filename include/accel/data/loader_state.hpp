@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -32,12 +33,15 @@ struct LoaderState {
 
 namespace detail {
 
-// Process-global stack of the loaders being iterated, innermost last. An
-// entry is removed by identity so that out-of-order ends cannot corrupt it.
+// Per-thread stack of the loaders being iterated, innermost last: a thread
+// sees only the loops it runs itself (two threads training side by side do
+// not see each other's loader). An entry is removed by identity so that
+// out-of-order ends cannot corrupt it; an iteration keeps its stack alive and
+// removes itself from it even when it ends on another thread (hence the lock).
 class ActiveLoaders {
  public:
-  static ActiveLoaders& instance() {
-    static ActiveLoaders stack;
+  static const std::shared_ptr<ActiveLoaders>& instance() {
+    thread_local const auto stack = std::make_shared<ActiveLoaders>();
     return stack;
   }
   void push(const LoaderState* s) {
@@ -69,7 +73,7 @@ class ActiveLoaders {
 /// loader is. An evaluation loader iterated inside the training loop is the
 /// active one until its loop ends (or is left by break/exception); then the
 /// training loader is active again. The pointer is valid until that loop ends.
-inline const LoaderState* active_loader_state() { return detail::ActiveLoaders::instance().top(); }
+inline const LoaderState* active_loader_state() { return detail::ActiveLoaders::instance()->top(); }
 
 }  // namespace accel::data
 

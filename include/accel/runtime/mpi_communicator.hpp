@@ -76,11 +76,12 @@ class MpiCommunicator final : public Communicator {
       thread_ = std::make_unique<detail::MpiProgressThread>();
   }
   ~MpiCommunicator() override {
-    if (thread_) thread_->stop(timeout_);
+    // A progress thread still inside MPI keeps using comm_: it is not freed then.
+    const bool thread_done = !thread_ || thread_->stop(timeout_);
     thread_.reset();
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (thread_done && !finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -204,7 +205,11 @@ class MpiCommunicator final : public Communicator {
       auto lock = detail::MpiRuntime::instance().lock();
       for (int k = 0; k < pieces && rc == MPI_SUCCESS; ++k) rc = post(k, &reqs[k]);
     }
-    if (rc != MPI_SUCCESS) throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
+    if (rc != MPI_SUCCESS) {
+      // The pieces posted before the failure are in flight with these buffers.
+      detail::keep_until_exit(std::move(keep));
+      throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
+    }
     return std::make_shared<detail::MpiTestWork>(std::move(reqs), op, rank_, size_, timeout_,
                                                  std::move(keep), std::move(then));
   }

@@ -5,6 +5,7 @@
 #include "catch.hpp"
 
 #include <atomic>
+#include <barrier>
 #include <map>
 #include <chrono>
 #include <stdexcept>
@@ -439,4 +440,29 @@ TEST_CASE("default collate of arithmetic targets, pairs and tuples", "[data][col
   CHECK(n == 1);
   std::map<std::string, torch::Tensor> m{{"a", torch::ones({1})}};
   CHECK(accel::data::to_device(m, torch::Device(torch::kCPU)).at("a").device().is_cpu());
+}
+
+// Issue 13 B12: the active-loader stack was process-global, so a thread saw
+// the loader another thread iterated. Two threads are inside their own loops
+// at the same time; each must see its own.
+TEST_CASE("active_loader_state is per thread", "[data][state]") {
+  std::barrier both_inside(2);
+  std::atomic<int> wrong{0};
+  auto run = [&](size_t n) {
+    auto loader = make_data_loader(IndexDataset(n), LoaderOptions{.batch_size = 1});
+    bool first = true;
+    for (auto& batch : loader) {
+      (void)batch;
+      if (first) both_inside.arrive_and_wait();  // the other thread has started its loop too
+      const auto* s = accel::data::active_loader_state();
+      if (s == nullptr || s->num_batches != static_cast<int64_t>(n)) wrong.fetch_add(1);
+      if (first) both_inside.arrive_and_wait();  // and checked, before either loop ends
+      first = false;
+    }
+    if (accel::data::active_loader_state() != nullptr) wrong.fetch_add(1);
+  };
+  std::thread a(run, 3), b(run, 5);
+  a.join();
+  b.join();
+  CHECK(wrong.load() == 0);
 }

@@ -487,6 +487,32 @@ void check_half_types(Communicator& comm) {
 }
 }  // namespace
 
+// Issue 13 B11: a request accel gives up on (timed out, then its Work dropped)
+// may still be written by MPI; its buffer must outlive the Work. A receive
+// from this rank itself is a request that completes only when we send.
+TEST_CASE("mpi: the buffer of an abandoned request stays alive", "[.mpi]") {
+  auto comm = make_mpi_communicator(ProcessEnv::discover(), MpiOptions{60s, std::nullopt, MpiProgress::Test});
+  auto buffer = torch::zeros({64}, torch::kFloat);
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage(buffer.storage().getWeakStorageImpl());
+  MPI_Request req = MPI_REQUEST_NULL;
+  REQUIRE(MPI_Irecv(buffer.data_ptr<float>(), 64, MPI_FLOAT, 0, 77, MPI_COMM_SELF, &req) == MPI_SUCCESS);
+  {
+    auto work = std::make_shared<accel::runtime::detail::MpiTestWork>(
+        std::vector<MPI_Request>{req}, "test receive", comm->rank(), comm->size(), 20ms,
+        std::vector<torch::Tensor>{buffer}, nullptr);
+    buffer = torch::Tensor();
+    CHECK_THROWS_AS(work->wait(), accel::TimeoutError);
+  }  // the Work is gone, the receive is still posted
+  CHECK_FALSE(storage.expired());
+  auto payload = torch::arange(64, torch::kFloat);
+  REQUIRE(MPI_Send(payload.data_ptr<float>(), 64, MPI_FLOAT, 0, 77, MPI_COMM_SELF) == MPI_SUCCESS);
+  comm->barrier();  // progresses MPI: the receive lands in the kept buffer
+  auto kept = storage.lock();
+  REQUIRE(kept);
+  CHECK(std::equal(payload.data_ptr<float>(), payload.data_ptr<float>() + 64,
+                   static_cast<const float*>(kept->data_ptr().get())));
+}
+
 // Run by ctest as `mpirun -np 2|3 unit_runtime "[mpi]"` (tests/cmake_tests/runtime.cmake).
 TEST_CASE("mpi collectives under mpirun", "[.mpi]") {
   auto env = ProcessEnv::discover();

@@ -84,6 +84,18 @@ inline std::string mpi_failure_message(const std::string& op, int rank, int size
          ", or the ranks passed different sizes or types: look at the other ranks' errors.";
 }
 
+/// Buffers of MPI requests that may still be in flight when accel gives up on
+/// them (a post that failed after earlier pieces were posted, a collective
+/// abandoned after a timeout). MPI can still write into them and collective
+/// requests cannot be cancelled, so they live until the process ends instead
+/// of being freed under MPI's feet; the job is broken by then anyway.
+inline void keep_until_exit(std::vector<torch::Tensor> buffers) {
+  static std::mutex m;
+  static auto* kept = new std::vector<torch::Tensor>();  // never freed, on purpose
+  std::lock_guard<std::mutex> l(m);
+  for (auto& b : buffers) kept->push_back(std::move(b));
+}
+
 /// MPI requests (one per chunk of a collective) polled with MPI_Testall
 /// until done or past the deadline. OpenMPI progresses non-blocking
 /// collectives inside MPI_Test, so the loop spins (like MPI_Wait does) and
@@ -95,6 +107,11 @@ class MpiTestWork final : public Work {
               std::function<void()> then)
       : reqs_(std::move(reqs)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
         keep_(std::move(keep)), then_(std::move(then)) {}
+  MpiTestWork(const MpiTestWork&) = delete;
+  MpiTestWork& operator=(const MpiTestWork&) = delete;
+  ~MpiTestWork() override {
+    if (!done_) keep_until_exit(std::move(keep_));
+  }
 
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
@@ -153,15 +170,22 @@ class MpiProgressThread {
   MpiProgressThread& operator=(const MpiProgressThread&) = delete;
 
   /// Stops after the queued collectives; waits at most `grace` for them.
-  void stop(std::chrono::milliseconds grace) {
-    if (!thread_.joinable()) return;
+  /// Returns false when the thread is still inside MPI (a dead peer) and was
+  /// detached: whatever it uses (the communicator) must then stay alive.
+  bool stop(std::chrono::milliseconds grace) {
+    if (!thread_.joinable()) return !detached_;
     std::unique_lock<std::mutex> l(q_->m);
     q_->stop = true;
     q_->cv.notify_all();
     const bool idle = q_->cv.wait_for(l, grace, [&] { return q_->tasks.empty() && !q_->busy; });
     l.unlock();
-    if (idle) thread_.join();
-    else thread_.detach();  // stuck in MPI: the job is broken anyway
+    if (idle) {
+      thread_.join();
+    } else {
+      thread_.detach();  // stuck in MPI: the job is broken anyway
+      detached_ = true;
+    }
+    return idle;
   }
   ~MpiProgressThread() { stop(std::chrono::milliseconds(0)); }
 
@@ -227,6 +251,7 @@ class MpiProgressThread {
 
   std::shared_ptr<Queue> q_;
   std::thread thread_;
+  bool detached_ = false;
 };
 
 class MpiThreadWork final : public Work {
