@@ -117,10 +117,25 @@ void unused_parameter_body() {
     // Only rank 0 uses the second layer on odd steps: ranks differ in which
     // parameters got gradients, and still agree on the collectives.
     auto x = torch::ones({2, 4}) * (acc.process_index() + 1);
+    // The expected gradient of the unused layer: rank 0's, computed on copies,
+    // averaged with nothing from the ranks that did not use it (issue 13, C18).
+    torch::Tensor expected = torch::zeros({4, 4});
+    if (step % 2 == 1) {
+      auto w0 = used->weight.detach().clone(), b0 = used->bias.detach().clone();
+      auto wu = unused->weight.detach().clone().requires_grad_(true), bu = unused->bias.detach().clone();
+      auto x0 = torch::ones({2, 4});
+      torch::nn::functional::linear(torch::nn::functional::linear(x0, w0, b0), wu, bu).sum().backward();
+      expected = wu.grad() / acc.num_processes();
+    }
     auto y = used(x);
     if (step % 2 == 1 && acc.is_main_process()) y = unused(y);
     acc.backward(y.sum());
-    opt.step();
+    opt.step();  // waits for the reduction; the gradients stay until zero_grad()
+    auto g = unused->weight.grad();
+    const auto got = g.defined() ? g.detach().clone() : torch::zeros({4, 4});
+    expect(torch::allclose(got, expected, 1e-6, 1e-6),
+           "step " + std::to_string(step) + ": unused layer's gradient differs from the average (max diff " +
+               std::to_string((got - expected).abs().max().item<double>()) + ")");
   }
   auto w = acc.gather(unused->weight.detach().reshape({1, -1}));
   expect(torch::allclose(w[0], w[w.size(0) - 1]), "replicas diverged");
