@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -284,6 +285,22 @@ class Accelerator {
   auto find_executable_batch_size(F&& fn, int64_t starting_batch_size) {
     return ops::find_executable_batch_size(*state_->comm, std::forward<F>(fn), starting_batch_size);
   }
+  /// Runs fn only on the main process (rank 0) / the local main process / the
+  /// last process / process `index`, as Accelerate's decorators of these
+  /// names; fn's result comes back as an optional (empty elsewhere). Not
+  /// collective: no process waits for another.
+  template <class F>
+  auto on_main_process(F&& fn) { return run_if(is_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_local_main_process(F&& fn) { return run_if(is_local_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_last_process(F&& fn) { return run_if(is_last_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_process(int index, F&& fn) {
+    ACCEL_CHECK(index >= 0 && index < num_processes(), "accel: on_process() got process ", index,
+                " of ", num_processes(), ". Use an index in [0, num_processes()).");
+    return run_if(process_index() == index, std::forward<F>(fn));
+  }
   // ---- end of object collectives
 
   class MainProcessFirst {
@@ -530,6 +547,15 @@ class Accelerator {
   // latest padded split, which gather_for_metrics() undoes.
   ops::Trigger trigger_;
   std::optional<ops::SplitPadding> split_padding_;
+  template <class F>
+  static auto run_if(bool here, F&& fn) {
+    using R = std::remove_cvref_t<std::invoke_result_t<F&>>;
+    if constexpr (std::is_void_v<R>) {
+      if (here) fn();
+    } else {
+      return here ? std::optional<R>(fn()) : std::nullopt;
+    }
+  }
   void remember_split(int64_t total, bool padded) {
     split_padding_.reset();
     if (padded) split_padding_ = ops::SplitPadding{total, num_processes()};

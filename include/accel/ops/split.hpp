@@ -53,8 +53,8 @@ std::vector<T> split_between_processes(const std::vector<T>& items, int rank, in
 inline torch::Tensor split_between_processes(const torch::Tensor& tensor, int rank, int world,
                                              bool apply_padding = false) {
   ACCEL_CHECK(tensor.defined() && tensor.dim() >= 1,
-              "accel: split_between_processes() splits dim 0 and got a ",
-              tensor.defined() ? "0-d" : "undefined", " tensor. Pass a tensor of rows.");
+              "accel: split_between_processes() splits dim 0 and got a 0-d or undefined tensor. "
+              "Pass a tensor of rows.");
   const int64_t n = tensor.size(0);
   const auto [start, count] = split_range(n, rank, world);
   auto slice = tensor.narrow(0, start, count);

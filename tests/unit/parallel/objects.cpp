@@ -177,6 +177,27 @@ void trigger_body(int setter) {
                                           std::to_string(seen.size()) + " checks");
 }
 
+// on_main_process & co. run on the right ranks only and hand back fn's result.
+void on_process_body() {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  std::string ran;
+  acc.on_main_process([&] { ran += "main "; });
+  acc.on_local_main_process([&] { ran += "local_main "; });
+  acc.on_last_process([&] { ran += "last "; });
+  auto one = acc.on_process(1, [&] { ran += "one "; return 42; });
+  const int r = acc.process_index(), n = acc.num_processes();
+  std::string want = std::string(r == 0 ? "main local_main " : "") + (r == n - 1 ? "last " : "") + (r == 1 ? "one " : "");
+  expect(ran == want, "rank " + std::to_string(r) + " ran: " + ran);
+  expect(one == (r == 1 ? std::optional<int>(42) : std::nullopt), "on_process result");
+  bool threw = false;
+  try {
+    acc.on_process(n, [] {});
+  } catch (const accel::Error&) {
+    threw = true;
+  }
+  expect(threw, "on_process(n) is an error");
+}
+
 // Rank r runs out of memory above its own threshold (thresholds differ by
 // rank); every rank must try the same sizes and end on the same one.
 void batch_size_body() {
@@ -295,7 +316,7 @@ TEST_CASE("split_between_processes: contiguous, balanced, padding dropped again 
     }
   }
   CHECK_THROWS_WITH(accel::ops::split_between_processes(torch::tensor(1.0), 0, 2),
-                    Catch::Matchers::ContainsSubstring("got a 0-d tensor"));
+                    Catch::Matchers::ContainsSubstring("got a 0-d or undefined tensor"));
 }
 
 TEST_CASE("gather_object / broadcast_object on 2 and 3 Gloo processes", "[parallel][gloo][objects]") {
@@ -312,6 +333,10 @@ TEST_CASE("set_trigger on one rank is seen by every rank at the next check, once
   REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(1), procs(2)));
   REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(2), procs(3)));
   REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(0), procs(3)));
+}
+
+TEST_CASE("on_main_process, on_local_main_process, on_last_process, on_process", "[parallel][gloo][on_process]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(on_process_body, std::make_tuple(), procs(3)));
 }
 
 TEST_CASE("find_executable_batch_size: every rank on the same size", "[parallel][gloo][batch_size]") {
