@@ -260,8 +260,8 @@ class Accelerator {
     remember_split(items.size(0), apply_padding);
     return out;
   }
-  /// Every rank's items concatenated in rank order, minus the padding of the
-  /// latest padded split_between_processes() (as for tensors).
+  /// Every rank's items concatenated in rank order, minus what the tensor
+  /// version drops (loader duplicates on the last batch, split padding).
   template <class T>
   std::vector<T> gather_for_metrics(const std::vector<T>& items) {
     auto parts = gather_object(items);
@@ -270,6 +270,12 @@ class Accelerator {
     for (auto& p : parts) {
       rows.push_back(static_cast<int64_t>(p.size()));
       all.insert(all.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+    }
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
+        loader->remainder < static_cast<int64_t>(all.size())) {
+      all.resize(static_cast<std::size_t>(loader->remainder));
+      return all;
     }
     if (split_padding_ && split_padding_->matches(rows))
       return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);

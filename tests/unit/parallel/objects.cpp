@@ -161,6 +161,35 @@ void split_body() {
   }
 }
 
+// A dataset whose items are their own index.
+struct Indices : torch::data::datasets::Dataset<Indices> {
+  int64_t n;
+  explicit Indices(int64_t size) : n(size) {}
+  torch::data::Example<> get(size_t i) override {
+    auto t = torch::tensor({static_cast<int64_t>(i)});
+    return {t, t};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(n); }
+};
+
+// gather_for_metrics of vectors over an epoch: every item exactly once, even
+// though even_batches repeated items on the last batch.
+void vector_metrics_body(int64_t dataset_size, int64_t batch) {
+  accel::Accelerator<accel::backend::Gloo> acc;
+  auto loader = accel::data::make_data_loader(Indices(dataset_size), accel::data::LoaderOptions{.batch_size = batch});
+  auto [dl] = acc.prepare(loader);
+  std::vector<int64_t> seen;
+  for (auto& b : dl) {
+    auto ids = b.data.view(-1);
+    std::vector<std::string> mine;
+    for (int64_t k = 0; k < ids.size(0); ++k) mine.push_back("item " + std::to_string(ids[k].item<int64_t>()));
+    for (auto& s : acc.gather_for_metrics(mine)) seen.push_back(std::stoll(s.substr(5)));
+  }
+  std::vector<int64_t> expected;
+  for (int64_t i = 0; i < dataset_size; ++i) expected.push_back(i);
+  expect(seen == expected, "gather_for_metrics(vector) saw " + std::to_string(seen.size()) + " items");
+}
+
 // Rank `setter` sets the trigger before check number 3 only: every rank sees
 // it at check 3, at no other, and it is cleared after it was seen.
 void trigger_body(int setter) {
@@ -327,6 +356,11 @@ TEST_CASE("gather_object / broadcast_object on 2 and 3 Gloo processes", "[parall
 TEST_CASE("split_between_processes and gather_for_metrics round trip on 2 and 3 processes", "[parallel][gloo][split]") {
   REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), procs(2)));
   REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), procs(3)));
+}
+
+TEST_CASE("gather_for_metrics of vectors drops the loader's wrap-around duplicates", "[parallel][gloo][metrics]") {
+  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{10}, int64_t{3}), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{11}, int64_t{2}), procs(3)));
 }
 
 TEST_CASE("set_trigger on one rank is seen by every rank at the next check, once", "[parallel][gloo][trigger]") {
