@@ -309,7 +309,7 @@ TEST_CASE("object encoding keeps values, types and structure", "[objects][encodi
                     Catch::Matchers::ContainsSubstring("Call it with the same type on every rank"));
 }
 
-TEST_CASE("split_between_processes: contiguous, balanced, padding dropped again (1..7 items, 1..4 ranks)",
+TEST_CASE("split_between_processes: contiguous, balanced, padding dropped again (0..7 items, 1..4 ranks)",
           "[objects][split]") {
   for (int64_t items = 0; items <= 7; ++items) {
     for (int world = 1; world <= 4; ++world) {
