@@ -411,3 +411,43 @@ TEST_CASE("find_executable_batch_size in one process: LibTorch's CPU allocation 
   CHECK_THROWS_WITH(accel::find_executable_batch_size([](int64_t) -> int { throw std::bad_alloc(); }, 3),
                     Catch::Matchers::ContainsSubstring("found no batch size that fits"));
 }
+
+namespace {
+// A 2-rank communicator on the meta device that stops every collective with
+// a known message once its tensors are on that device (as NCCL needs CUDA
+// tensors): the helper tensors of these functions must be made on device().
+class MetaCommunicator final : public accel::runtime::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string_view backend_name() const override { return "Meta"; }
+  torch::Device device() const override { return torch::kMeta; }
+  std::shared_ptr<accel::runtime::Work> all_reduce(torch::Tensor& t, accel::runtime::ReduceOp) override { return reached(t, t); }
+  std::shared_ptr<accel::runtime::Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override { return reached(out, in); }
+  std::shared_ptr<accel::runtime::Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in,
+                                                       accel::runtime::ReduceOp) override {
+    return reached(out, in);
+  }
+  std::shared_ptr<accel::runtime::Work> broadcast(torch::Tensor& t, int) override { return reached(t, t); }
+  void barrier() override {}
+
+ private:
+  std::shared_ptr<accel::runtime::Work> reached(const torch::Tensor& a, const torch::Tensor& b) {
+    if (a.device() != device() || b.device() != device())
+      throw std::runtime_error("collective got a tensor on " + a.device().str() + "/" + b.device().str());
+    throw std::runtime_error("collective reached on the communicator's device");
+  }
+};
+}  // namespace
+
+TEST_CASE("object collectives, trigger and batch-size search make their tensors on the communicator's device",
+          "[objects][device]") {
+  MetaCommunicator comm;
+  const auto reached = Catch::Matchers::ContainsSubstring("reached on the communicator's device");
+  CHECK_THROWS_WITH(accel::ops::gather_object(comm, std::string("x")), reached);
+  CHECK_THROWS_WITH(accel::ops::broadcast_object(comm, std::string("x")), reached);
+  CHECK_THROWS_WITH(accel::ops::gather_ragged(comm, torch::ones({3}).to(torch::kMeta)), reached);
+  accel::ops::Trigger trigger;
+  CHECK_THROWS_WITH(trigger.check(comm), reached);
+  CHECK_THROWS_WITH(accel::ops::find_executable_batch_size(comm, [](int64_t bs) { return bs; }, 8), reached);
+}
