@@ -451,3 +451,21 @@ TEST_CASE("object collectives, trigger and batch-size search make their tensors 
   CHECK_THROWS_WITH(trigger.check(comm), reached);
   CHECK_THROWS_WITH(accel::ops::find_executable_batch_size(comm, [](int64_t bs) { return bs; }, 8), reached);
 }
+
+TEST_CASE("one process (SingleDevice): the same calls work with world size 1", "[objects][single]") {
+  accel::Accelerator<> acc;
+  auto one = acc.gather_object(std::map<int, std::string>{{1, "a"}});
+  REQUIRE(one.size() == 1);
+  CHECK((one[0] == std::map<int, std::string>{{1, "a"}}));
+  CHECK(acc.broadcast_object(std::string("kept")) == "kept");
+  std::vector<int> v{1, 2, 3};
+  CHECK(acc.split_between_processes(v, true) == v);
+  CHECK(acc.gather_for_metrics(v) == v);
+  CHECK(torch::equal(acc.gather_for_metrics(torch::arange(5)), torch::arange(5)));
+  CHECK_FALSE(acc.check_trigger());
+  acc.set_trigger();
+  CHECK(acc.check_trigger());
+  CHECK_FALSE(acc.check_trigger());
+  CHECK(acc.find_executable_batch_size([](int64_t bs) { if (bs > 7) throw std::bad_alloc(); return bs; }, 10) == 7);
+  CHECK((acc.on_main_process([] { return 1; }) == std::optional<int>(1)));
+}
