@@ -19,6 +19,7 @@
 #include <accel/launch.hpp>
 #include <accel/prepare.hpp>
 #include <accel/accelerator.hpp>
+#include <accel/ops/batch_size.hpp>
 #include <accel/dispatch.hpp>
 
 #endif  // ACCEL_ACCEL_HPP

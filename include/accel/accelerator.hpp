@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,7 +25,11 @@
 #include <accel/detail/cores.hpp>
 #include <accel/detail/training_state.hpp>
 #include <accel/errors.hpp>
+#include <accel/ops/batch_size.hpp>
 #include <accel/ops/collectives.hpp>
+#include <accel/ops/objects.hpp>
+#include <accel/ops/split.hpp>
+#include <accel/ops/trigger.hpp>
 #include <accel/options.hpp>
 #include <accel/precision.hpp>
 #include <accel/prepare.hpp>
@@ -198,13 +203,18 @@ class Accelerator {
   torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
 
   /// gather(), minus the samples that even_batches duplicated on the last
-  /// batch of the loader being iterated: exactly one result per dataset item.
+  /// batch of the loader being iterated, or the padding of the latest padded
+  /// split_between_processes(): exactly one result per item. Dim 0 may differ
+  /// across ranks (the other dimensions must agree).
   torch::Tensor gather_for_metrics(const torch::Tensor& t) {
-    auto all = gather(t);
+    std::vector<int64_t> rows;
+    auto all = ops::gather_ragged(*state_->comm, t, &rows);
     const auto* loader = data::active_loader_state();
     if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
         loader->remainder < all.size(0))
       return all.narrow(0, 0, loader->remainder);
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
     return all;
   }
 
@@ -219,6 +229,85 @@ class Accelerator {
     return ops::broadcast(*state_->comm, t, src);
   }
   void wait_for_everyone() { state_->comm->barrier(); }
+
+  // ---- Object collectives, work splitting, triggers, batch-size search:
+  // thin forwards to ops/objects.hpp, ops/split.hpp, ops/trigger.hpp and
+  // ops/batch_size.hpp (docs/collectives.md).
+
+  /// Every rank's obj, in rank order (one element per rank; nested
+  /// containers keep their structure). Tensors come back on device().
+  template <class T>
+  std::vector<T> gather_object(const T& obj) {
+    return ops::gather_object(*state_->comm, obj, state_->device);
+  }
+  /// Rank src's obj on every rank.
+  template <class T>
+  T broadcast_object(T obj, int src = 0) {
+    return ops::broadcast_object(*state_->comm, std::move(obj), src, state_->device);
+  }
+  /// This process's contiguous share of items (sizes differ by at most one).
+  /// With apply_padding every rank gets the same count, its last item
+  /// repeated; gather_for_metrics() then drops the padding again (until the
+  /// next split).
+  template <class T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) {
+    remember_split(static_cast<int64_t>(items.size()), apply_padding);
+    return ops::split_between_processes(items, env_.rank, num_processes(), apply_padding);
+  }
+  /// The same along dim 0 (a view of the rows without padding).
+  torch::Tensor split_between_processes(const torch::Tensor& items, bool apply_padding = false) {
+    auto out = ops::split_between_processes(items, env_.rank, num_processes(), apply_padding);
+    remember_split(items.size(0), apply_padding);
+    return out;
+  }
+  /// Every rank's items concatenated in rank order, minus what the tensor
+  /// version drops (loader duplicates on the last batch, split padding).
+  template <class T>
+  std::vector<T> gather_for_metrics(const std::vector<T>& items) {
+    auto parts = gather_object(items);
+    std::vector<int64_t> rows;
+    std::vector<T> all;
+    for (auto& p : parts) {
+      rows.push_back(static_cast<int64_t>(p.size()));
+      all.insert(all.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+    }
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
+        loader->remainder < static_cast<int64_t>(all.size())) {
+      all.resize(static_cast<std::size_t>(loader->remainder));
+      return all;
+    }
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
+    return all;
+  }
+  /// Any rank sets the trigger; the next check_trigger() (one all-reduce,
+  /// every rank must call it) is true on every rank, and clears it.
+  void set_trigger() { trigger_.set(); }
+  bool check_trigger() { return trigger_.check(*state_->comm); }
+  /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
+  /// out-of-memory error on any rank), every rank at the same size.
+  template <class F>
+  auto find_executable_batch_size(F&& fn, int64_t starting_batch_size) {
+    return ops::find_executable_batch_size(*state_->comm, std::forward<F>(fn), starting_batch_size);
+  }
+  /// Runs fn only on the main process (rank 0) / the local main process / the
+  /// last process / process `index`, as Accelerate's decorators of these
+  /// names; fn's result comes back as an optional (empty elsewhere). Not
+  /// collective: no process waits for another.
+  template <class F>
+  auto on_main_process(F&& fn) { return run_if(is_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_local_main_process(F&& fn) { return run_if(is_local_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_last_process(F&& fn) { return run_if(is_last_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_process(int index, F&& fn) {
+    ACCEL_CHECK(index >= 0 && index < num_processes(), "accel: on_process() got process ", index,
+                " of ", num_processes(), ". Use an index in [0, num_processes()).");
+    return run_if(process_index() == index, std::forward<F>(fn));
+  }
+  // ---- end of object collectives
 
   class MainProcessFirst {
    public:
@@ -458,6 +547,24 @@ class Accelerator {
       return !s->unscale(params, *comm);
     };
     state_->after_step = [weak, scaler_of](bool) { scaler_of(weak)->update(); };
+  }
+
+  // Object collectives (see the block above): the trigger flag and the
+  // latest padded split, which gather_for_metrics() undoes.
+  ops::Trigger trigger_;
+  std::optional<ops::SplitPadding> split_padding_;
+  template <class F>
+  static auto run_if(bool here, F&& fn) {
+    using R = std::remove_cvref_t<std::invoke_result_t<F&>>;
+    if constexpr (std::is_void_v<R>) {
+      if (here) fn();
+    } else {
+      return here ? std::optional<R>(fn()) : std::nullopt;
+    }
+  }
+  void remember_split(int64_t total, bool padded) {
+    split_padding_.reset();
+    if (padded) split_padding_ = ops::SplitPadding{total, num_processes()};
   }
 
   AcceleratorOptions options_;

@@ -4,6 +4,7 @@
 #ifndef ACCEL_OPS_COLLECTIVES_HPP
 #define ACCEL_OPS_COLLECTIVES_HPP
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <vector>
@@ -55,6 +56,54 @@ inline torch::Tensor gather(runtime::Communicator& comm, const torch::Tensor& te
   auto out = torch::empty(shape, t.options());
   comm.all_gather(out, t)->wait();
   return out;
+}
+
+/// gather() for tensors whose dim 0 differs across ranks (the other
+/// dimensions must agree): every rank's rows, in rank order, nothing added.
+/// One small all-gather of the shapes first; when dim 0 differs, each rank's
+/// rows travel padded to the longest. `rows`, when given, receives every
+/// rank's dim 0.
+inline torch::Tensor gather_ragged(runtime::Communicator& comm, const torch::Tensor& tensor,
+                                   std::vector<int64_t>* rows = nullptr) {
+  auto t = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
+  const int world = comm.size();
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto head = torch::tensor({static_cast<int64_t>(t.dim()), t.size(0)}, on);
+  auto heads = torch::empty({world, 2}, on);
+  comm.all_gather(heads, head)->wait();
+  heads = heads.cpu();
+  const bool same_dims = heads.select(1, 0).eq(t.dim()).all().item<bool>();
+  bool same_rest = same_dims;
+  torch::Tensor sizes;
+  if (same_dims && t.dim() > 1) {
+    sizes = detail::all_sizes(comm, t).cpu();
+    same_rest = sizes.narrow(1, 1, t.dim() - 1).eq(sizes.narrow(1, 1, t.dim() - 1)[0]).all().item<bool>();
+  }
+  if (!same_rest) {
+    std::ostringstream msg;
+    msg << "accel: gather_for_metrics() needs the same shape on every rank apart from dim 0; rank "
+        << comm.rank() << " has " << t.sizes()
+        << (same_dims ? ", all ranks: " : "; ranks differ in dimensions: ")
+        << (same_dims ? sizes : heads.select(1, 0)) << ". Pad those dimensions with "
+        << "pad_across_processes() first.";
+    throw Error(msg.str());
+  }
+  std::vector<int64_t> counts(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<std::size_t>(r)] = heads[r][1].item<int64_t>();
+  if (rows) *rows = counts;
+  const int64_t longest = *std::max_element(counts.begin(), counts.end());
+  if (longest == t.size(0) && std::all_of(counts.begin(), counts.end(),
+                                          [&](int64_t c) { return c == longest; }))
+    return gather(comm, t);
+  auto shape = t.sizes().vec();
+  shape[0] = longest;
+  auto padded = torch::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  auto all = gather(comm, padded);
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < world; ++r)
+    parts.push_back(all.narrow(0, r * longest, counts[static_cast<std::size_t>(r)]));
+  return torch::cat(parts);
 }
 
 inline torch::Tensor reduce(runtime::Communicator& comm, const torch::Tensor& tensor,
