@@ -269,7 +269,7 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    if (is_main_process()) checkpoint::save_module(*model.get(), dir, opts);
+    if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
     wait_for_everyone();
   }
 
@@ -294,18 +294,18 @@ class Accelerator {
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::save_state(registry_, options_, std::move(dir));
+    ckpt::save_state(registry_, options_, std::move(dir));
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::load_state(registry_, options_, std::move(dir));
+    ckpt::load_state(registry_, options_, std::move(dir));
   }
   /// Adds obj to what save_state()/load_state() cover (see
-  /// checkpoint::Checkpointable); obj must outlive those calls.
-  template <checkpoint::Checkpointable T>
+  /// ckpt::Checkpointable); obj must outlive those calls.
+  template <ckpt::Checkpointable T>
   void register_for_checkpointing(T& obj) {
     registry_.add_custom(obj);
   }
@@ -465,7 +465,7 @@ class Accelerator {
   std::shared_ptr<detail::TrainingState> state_;
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
-  checkpoint::StateRegistry registry_;  ///< what save_state() covers
+  ckpt::StateRegistry registry_;  ///< what save_state() covers
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {
