@@ -27,8 +27,9 @@ TORCH_MODULE(Checkpointed);
 
 template <class Shard>
 void train_checkpointed(std::string out, int micro_steps, int64_t per_rank_batch, int accumulation) {
-  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
-      accel::AcceleratorOptions{.gradient_accumulation_steps = accumulation});
+  accel::AcceleratorOptions opts{.gradient_accumulation_steps = accumulation};
+  opts.overlap_gradient_sync = true;  // buckets start from backward's hooks: counted below
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(opts);
   Checkpointed model(workload::make_model());
   torch::optim::SGD sgd(model->parameters(), workload::sgd_options());
   auto loader = accel::data::make_data_loader(
