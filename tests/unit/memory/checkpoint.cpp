@@ -104,17 +104,18 @@ TORCH_MODULE(Transformer);
 class CountingAllocator final : public c10::Allocator {
  public:
   CountingAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
-  ~CountingAllocator() override { c10::SetCPUAllocator(inner_, kPriority); }
+  ~CountingAllocator() { c10::SetCPUAllocator(inner_, kPriority); }
   CountingAllocator(const CountingAllocator&) = delete;
   CountingAllocator& operator=(const CountingAllocator&) = delete;
 
   // LibTorch 1.13 declares allocate() const, 2.x not; copy_data() exists
-  // from 2.3. Both forms are defined: one overrides, the other is unused.
+  // from 2.3. Both forms are defined: one overrides, the other is unused
+  // (so no member says `override`: it would be wrong for one version).
   c10::DataPtr allocate(std::size_t n) const { return counted(n); }
   c10::DataPtr allocate(std::size_t n) { return counted(n); }
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  c10::DeleterFnPtr raw_deleter() const { return &release; }
   bool installed() const { return c10::GetCPUAllocator() == this; }
   void reset() { peak_ = live_.load(); }
   int64_t live() const { return live_; }
