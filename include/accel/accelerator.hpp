@@ -28,6 +28,7 @@
 #include <accel/options.hpp>
 #include <accel/precision.hpp>
 #include <accel/prepare.hpp>
+#include <accel/profiling/trace.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
 #include <accel/shard/detail/bucket_reducer.hpp>
@@ -219,6 +220,13 @@ class Accelerator {
     return ops::broadcast(*state_->comm, t, src);
   }
   void wait_for_everyone() { state_->comm->barrier(); }
+
+  /// Records LibTorch's operators on this process while the returned object
+  /// lives and writes trace_dir/trace_rank<r>.json (Chrome trace) when it
+  /// goes; profiling::merge_traces makes one trace of all ranks.
+  [[nodiscard]] auto profile(std::filesystem::path trace_dir) {
+    return profiling::Trace(std::move(trace_dir), process_index());
+  }
 
   class MainProcessFirst {
    public:
