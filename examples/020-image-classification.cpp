@@ -3,7 +3,7 @@
 // triangle; random colours, places and sizes; 400 JPEG files of 32x32 named
 // <label>_<n>.jpg) is written first. Phase 1 pre-trains a small ResNet-style
 // CNN on it and saves it with accelerator.save_model; phase 2 loads those
-// weights (checkpoint::load_module), re-initialises the classifier head,
+// weights (ckpt::load_module), re-initialises the classifier head,
 // freezes the encoder and trains only the head with Adam and OneCycleLR.
 // Both phases run on 2 processes started by notebook_launcher, with
 // Accelerator<backend::Gloo, precision::Bf16>; accuracy on the held-out 20 %
@@ -295,7 +295,7 @@ void training_function(Config cfg) {
   const auto eval_size = static_cast<int64_t>(split.eval.files.size());
 
   Classifier model(num_classes);
-  accel::checkpoint::load_module(*model, cfg.pretrained_dir);
+  accel::ckpt::load_module(*model, cfg.pretrained_dir);
   model->reset_head(num_classes);
   for (auto& p : model->encoder->parameters()) p.requires_grad_(false);  // before prepare()
 
@@ -341,7 +341,7 @@ void training_function(Config cfg) {
   // Transfer learning: the encoder (weights and BatchNorm statistics) is still
   // exactly the pre-trained one; only the head learned.
   Classifier pretrained(num_classes);
-  accel::checkpoint::load_module(*pretrained, cfg.pretrained_dir);
+  accel::ckpt::load_module(*pretrained, cfg.pretrained_dir);
   auto saved = pretrained->encoder->named_parameters();
   for (const auto& b : pretrained->encoder->named_buffers()) saved.insert(b.key() + "#", b.value());
   auto now = m->encoder->named_parameters();

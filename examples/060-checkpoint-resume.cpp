@@ -104,9 +104,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::map<std::string, torch::Tensor> uninterrupted;
-  for (auto& [name, t] : accel::checkpoint::load_checkpoint(work / "uninterrupted")) uninterrupted[name] = t;
+  for (auto& [name, t] : accel::ckpt::load_checkpoint(work / "uninterrupted")) uninterrupted[name] = t;
   double difference = 0;
-  for (auto& [name, t] : accel::checkpoint::load_checkpoint(work / "resumed"))
+  for (auto& [name, t] : accel::ckpt::load_checkpoint(work / "resumed"))
     difference = std::max(difference, (t - uninterrupted.at(name)).abs().max().item<double>());
   std::cout << "largest weight difference between uninterrupted and resumed: " << difference << std::endl;
   return difference <= 1e-6 ? 0 : 1;

@@ -16,6 +16,8 @@
 #include <accel/data.hpp>
 #include <accel/sched.hpp>
 #include <accel/checkpoint.hpp>
+#include <accel/memory.hpp>
+#include <accel/profiling.hpp>
 #include <accel/launch.hpp>
 #include <accel/prepare.hpp>
 #include <accel/accelerator.hpp>

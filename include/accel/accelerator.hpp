@@ -33,6 +33,7 @@
 #include <accel/options.hpp>
 #include <accel/precision.hpp>
 #include <accel/prepare.hpp>
+#include <accel/profiling/trace.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
 #include <accel/shard/detail/bucket_reducer.hpp>
@@ -309,6 +310,13 @@ class Accelerator {
   }
   // ---- end of object collectives
 
+  /// Records LibTorch's operators on this process while the returned object
+  /// lives and writes trace_dir/trace_rank<r>.json (Chrome trace) when it
+  /// goes; profiling::merge_traces makes one trace of all ranks.
+  [[nodiscard]] auto profile(std::filesystem::path trace_dir) {
+    return profiling::Trace(std::move(trace_dir), process_index());
+  }
+
   class MainProcessFirst {
    public:
     MainProcessFirst(runtime::Communicator& comm, bool main)
@@ -358,7 +366,7 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    if (is_main_process()) checkpoint::save_module(*model.get(), dir, opts);
+    if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
     wait_for_everyone();
   }
 
@@ -383,18 +391,18 @@ class Accelerator {
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::save_state(registry_, options_, std::move(dir));
+    ckpt::save_state(registry_, options_, std::move(dir));
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::load_state(registry_, options_, std::move(dir));
+    ckpt::load_state(registry_, options_, std::move(dir));
   }
   /// Adds obj to what save_state()/load_state() cover (see
-  /// checkpoint::Checkpointable); obj must outlive those calls.
-  template <checkpoint::Checkpointable T>
+  /// ckpt::Checkpointable); obj must outlive those calls.
+  template <ckpt::Checkpointable T>
   void register_for_checkpointing(T& obj) {
     registry_.add_custom(obj);
   }
@@ -572,7 +580,7 @@ class Accelerator {
   std::shared_ptr<detail::TrainingState> state_;
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
-  checkpoint::StateRegistry registry_;  ///< what save_state() covers
+  ckpt::StateRegistry registry_;  ///< what save_state() covers
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {

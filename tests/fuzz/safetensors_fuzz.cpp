@@ -9,7 +9,7 @@
 #include <cstdlib>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  namespace d = accel::checkpoint::detail;
+  namespace d = accel::ckpt::detail;
   try {
     const d::SafetensorsHeader h = d::parse_safetensors(data, size, "fuzz-input");
     if (h.data_start + h.data_size != size) std::abort();

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 static_assert(std::endian::native == std::endian::little,
               "accel: safetensors I/O copies tensor bytes as they are in memory. Build for a "
@@ -118,7 +118,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
     // (clang 14 cannot capture structured bindings).
     const std::string& name = entry.first;
     const torch::Tensor& tensor = entry.second;
-    ACCEL_CHECK(name != checkpoint::detail::kMetadataKey, "accel: cannot save a tensor named '",
+    ACCEL_CHECK(name != ckpt::detail::kMetadataKey, "accel: cannot save a tensor named '",
                 name, "' to '", source, "': the name is reserved by the format. Rename it.");
     ACCEL_CHECK(names.insert(name).second, "accel: the tensor name '", name,
                 "' appears twice in what is saved to '", source, "'. Give each tensor one name.");
@@ -151,17 +151,17 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   // A placeholder of the digest's width, filled in once the data is written.
   const std::string placeholder(16, '0');
   if (checksum) meta[std::string(kDataChecksumKey)] = placeholder;
-  header[std::string(checkpoint::detail::kMetadataKey)] = std::move(meta);
+  header[std::string(ckpt::detail::kMetadataKey)] = std::move(meta);
 
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-aligned, as Hugging Face writes it
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(text.size() >> (8 * i));
 
-  checkpoint::detail::AtomicFile file(path);
+  ckpt::detail::AtomicFile file(path);
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
-  checkpoint::detail::Xxh64 data_hash;
+  ckpt::detail::Xxh64 data_hash;
   for (const torch::Tensor& t : stored) {
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);
@@ -173,7 +173,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
     const auto at = text.find(field);
     ACCEL_CHECK(at != std::string::npos, "accel: internal error: no checksum field in the header of '",
                 source, "'");
-    const std::string digest = checkpoint::detail::to_hex(data_hash.digest());
+    const std::string digest = ckpt::detail::to_hex(data_hash.digest());
     file.write_at(sizeof prefix + at + field.size() - placeholder.size(), digest.data(), digest.size());
   }
   file.commit();
@@ -184,18 +184,18 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
 /// detail/safetensors_format.hpp). The tensors live on CPU and own their memory.
 inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   const std::string source = path.string();
-  const auto header = checkpoint::detail::read_safetensors_header(path);
-  checkpoint::detail::ReadFile file(path);
+  const auto header = ckpt::detail::read_safetensors_header(path);
+  ckpt::detail::ReadFile file(path);
   SafetensorsContents out;
   out.metadata = header.metadata;
   std::optional<std::uint64_t> expected;
   if (const auto it = header.metadata.find(std::string(kDataChecksumKey)); it != header.metadata.end()) {
-    expected = checkpoint::detail::from_hex(it->second);
+    expected = ckpt::detail::from_hex(it->second);
     if (!expected)
-      checkpoint::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
+      ckpt::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
                                                   " entry is not 16 hex digits");
   }
-  checkpoint::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
+  ckpt::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& info : header.tensors) {
     const auto dtype = detail::to_torch_dtype(info.dtype);
@@ -206,7 +206,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     try {
       t = torch::empty(info.shape, torch::TensorOptions().dtype(*dtype));
     } catch (const c10::Error&) {  // e.g. an empty shape whose strides overflow
-      checkpoint::detail::fail_format(source, "tensor '" + info.name +
+      ckpt::detail::fail_format(source, "tensor '" + info.name +
                                                   "' has a shape LibTorch cannot allocate");
     }
     file.read_at(header.data_start + info.begin, t.data_ptr(),
@@ -217,7 +217,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
       const auto* b = static_cast<const std::uint8_t*>(t.data_ptr());
       for (std::uint64_t i = 0; i < info.end - info.begin; ++i)
         if (b[i] > 1)
-          checkpoint::detail::fail_format(source, "BOOL tensor '" + info.name +
+          ckpt::detail::fail_format(source, "BOOL tensor '" + info.name +
                                                       "' holds a byte other than 0 or 1");
     }
     by_name.emplace(info.name, t);
@@ -226,17 +226,17 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   if (expected && data_hash.digest() != *expected)
     throw Error(accel::detail::concat(
         "accel: the safetensors file '", source, "' is corrupt: its tensor data changed after it "
-        "was written (XXH64 ", checkpoint::detail::to_hex(data_hash.digest()), ", its header records ",
-        checkpoint::detail::to_hex(*expected), "). Load another copy, or write it again."));
+        "was written (XXH64 ", ckpt::detail::to_hex(data_hash.digest()), ", its header records ",
+        ckpt::detail::to_hex(*expected), "). Load another copy, or write it again."));
   for (const auto& [key, target] : header.metadata) {
     if (key.rfind(kTiedPrefix, 0) != 0) continue;
     const std::string alias = key.substr(kTiedPrefix.size());
     const auto it = by_name.find(target);
     if (it == by_name.end())
-      checkpoint::detail::fail_format(source, "tied tensor '" + alias + "' refers to '" + target +
+      ckpt::detail::fail_format(source, "tied tensor '" + alias + "' refers to '" + target +
                                                   "', which is not in the file");
     if (by_name.count(alias) != 0)
-      checkpoint::detail::fail_format(source, "tied tensor '" + alias +
+      ckpt::detail::fail_format(source, "tied tensor '" + alias +
                                                   "' is also stored as a tensor");
     out.tensors.emplace_back(alias, it->second);
   }
@@ -248,6 +248,6 @@ inline NamedTensors load_safetensors(const std::filesystem::path& path) {
   return read_safetensors(path).tensors;
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAFETENSORS_HPP

@@ -41,7 +41,7 @@ struct SaveModelOptions {
 
 }  // namespace accel
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 inline constexpr std::string_view kModelFile = "model.safetensors";
 inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
@@ -153,7 +153,7 @@ inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::ui
   total_size = 0;
   for (const auto& entry : state) {
     const auto tied = std::find_if(owners.begin(), owners.end(), [&](const auto& o) {
-      return checkpoint::detail::same_view(*o.first, entry.second);
+      return ckpt::detail::same_view(*o.first, entry.second);
     });
     if (tied != owners.end()) {
       shards[tied->second].push_back(entry);
@@ -177,10 +177,10 @@ inline std::string read_small_file(const std::filesystem::path& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) fail_io("read", path, ec.value());
-  ACCEL_CHECK(size <= checkpoint::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
+  ACCEL_CHECK(size <= ckpt::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
               "' has ", size, " bytes, more than an index can need. Check the file.");
   std::string text(static_cast<std::size_t>(size), '\0');
-  checkpoint::detail::ReadFile(path).read_at(0, text.data(), text.size());
+  ckpt::detail::ReadFile(path).read_at(0, text.data(), text.size());
   return text;
 }
 
@@ -317,13 +317,13 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
       // the shard's metadata.
       for (const auto& entry : shards[i]) {
         const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
-          return checkpoint::detail::same_view(e.second, entry.second);
+          return ckpt::detail::same_view(e.second, entry.second);
         });
         if (owner == shards[i].end() || owner->first == entry.first)
           index["weight_map"][entry.first] = name;
       }
     }
-    checkpoint::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
+    ckpt::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
     written.insert(std::string(kIndexFile));
   }
   // Files of an earlier save that this one did not rewrite would mix two
@@ -351,6 +351,6 @@ inline void load_module(torch::nn::Module& module, const std::filesystem::path& 
   }
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAVE_MODEL_HPP

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::checkpoint::save_state/load_state, the machinery of
+/// @file Defines accel::ckpt::save_state/load_state, the machinery of
 /// Accelerator::save_state()/load_state(): the whole training state in one
 /// directory, written atomically by every process, read back exactly.
 ///
@@ -41,7 +41,7 @@
 #include <optional>
 #include <string>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 /// Writes the registry's state to dir, or (no dir) to
 /// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
@@ -226,6 +226,6 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   return target;
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAVE_STATE_HPP

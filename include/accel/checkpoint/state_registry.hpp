@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::checkpoint::StateRegistry (what save_state() writes
+/// @file Defines accel::ckpt::StateRegistry (what save_state() writes
 /// and load_state() restores, recorded as the Accelerator prepares it) and the
 /// Checkpointable concept of register_for_checkpointing().
 #ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 /// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
 /// torch::optim optimizers, accel::sched schedulers, or a user type.
@@ -251,6 +251,6 @@ struct StateRegistry {
   }
 };
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP

@@ -39,7 +39,8 @@ class AutocastGuard {
   }
   AutocastGuard& operator=(AutocastGuard&&) = delete;
 
- private:
+  // The thread's autocast state for one device type (public for
+  // memory::checkpoint, which replays a forward's state in backward).
   // LibTorch 2.4 replaced the per-device functions (is_enabled, is_cpu_enabled,
   // get_autocast_gpu_dtype, ...) by ones taking the device type, and
   // deprecated the old ones.
@@ -69,6 +70,7 @@ class AutocastGuard {
   }
 #endif
 
+ private:
   c10::DeviceType device_type_;
   bool active_;
   bool prev_enabled_ = false;

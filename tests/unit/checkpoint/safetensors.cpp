@@ -17,9 +17,9 @@
 #include <string>
 
 namespace fs = std::filesystem;
-using accel::checkpoint::load_safetensors;
-using accel::checkpoint::NamedTensors;
-using accel::checkpoint::save_safetensors;
+using accel::ckpt::load_safetensors;
+using accel::ckpt::NamedTensors;
+using accel::ckpt::save_safetensors;
 
 namespace {
 
@@ -84,7 +84,7 @@ TEST_CASE("safetensors round-trips every supported dtype", "[checkpoint][safeten
   };
   const fs::path p = scratch("all_dtypes.safetensors");
   save_safetensors(p, in, {{"note", "round trip"}});
-  const auto contents = accel::checkpoint::read_safetensors(p);
+  const auto contents = accel::ckpt::read_safetensors(p);
   CHECK(contents.metadata.at("format") == "pt");
   CHECK(contents.metadata.at("note") == "round trip");
   const NamedTensors& out = contents.tensors;
@@ -125,10 +125,10 @@ TEST_CASE("safetensors records the XXH64 of its data, and a flipped bit is an er
   torch::manual_seed(3);
   const auto w = torch::randn({64, 33});
   const auto digest = save_safetensors(p, {{"w", w}, {"b", torch::arange(5)}}, {{"k", "v"}});
-  const auto header = accel::checkpoint::detail::read_safetensors_header(p);
+  const auto header = accel::ckpt::detail::read_safetensors_header(p);
   // The header keeps Hugging Face's layout, one more metadata string.
   CHECK(header.metadata.at("format") == "pt");
-  CHECK(header.metadata.at("accel.data_xxh64") == accel::checkpoint::detail::to_hex(digest));
+  CHECK(header.metadata.at("accel.data_xxh64") == accel::ckpt::detail::to_hex(digest));
   CHECK(header.metadata.at("accel.data_xxh64") == accel_test::xxhsum(p, header.data_start));
   CHECK(torch::equal(load_safetensors(p).at(0).second, w));
 
@@ -140,7 +140,7 @@ TEST_CASE("safetensors records the XXH64 of its data, and a flipped bit is an er
   // Without the entry (files of other writers) the same bytes load unchecked.
   const fs::path plain = scratch("no_checksum.safetensors");
   save_safetensors(plain, {{"w", w}}, {}, /*checksum=*/false);
-  CHECK(accel::checkpoint::detail::read_safetensors_header(plain).metadata.count("accel.data_xxh64") == 0);
+  CHECK(accel::ckpt::detail::read_safetensors_header(plain).metadata.count("accel.data_xxh64") == 0);
   CHECK(torch::equal(load_safetensors(plain).at(0).second, w));
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("safetensors saves storage-sharing tensors once", "[checkpoint][safete
   const auto w = torch::arange(6, torch::kFloat32).reshape({2, 3});
   const fs::path p = scratch("tied.safetensors");
   save_safetensors(p, {{"a", w}, {"b", w}, {"c", w.clone()}});
-  const auto header = accel::checkpoint::detail::read_safetensors_header(p);
+  const auto header = accel::ckpt::detail::read_safetensors_header(p);
   REQUIRE(header.tensors.size() == 2);  // a and c stored; b recorded as tied to a
   CHECK(header.metadata.at("accel.tied.b") == "a");
   CHECK(header.data_size == 2 * 6 * 4);
@@ -276,7 +276,7 @@ TEST_CASE("safetensors reader rejects corrupt files with a specific message",
   }
   SECTION("zero dimension next to huge ones") {
     // Valid for the format (0 bytes), but no tensor can have these strides.
-    namespace d = accel::checkpoint::detail;
+    namespace d = accel::ckpt::detail;
     const std::string header =
         R"({"w":{"dtype":"F32","shape":[0,9223372036854775807,9223372036854775807],"data_offsets":[0,0]}})";
     const std::string file = le64(header.size()) + header;
@@ -319,7 +319,7 @@ TEST_CASE("safetensors reader rejects corrupt files with a specific message",
 }
 
 TEST_CASE("safetensors validator works on buffers", "[checkpoint][safetensors]") {
-  namespace d = accel::checkpoint::detail;
+  namespace d = accel::ckpt::detail;
   const std::string file = le64(8) + R"({}     )" + " ";
   const auto h = d::parse_safetensors(file.data(), file.size(), "buffer");
   CHECK(h.tensors.empty());
@@ -335,7 +335,7 @@ TEST_CASE("safetensors validator works on buffers", "[checkpoint][safetensors]")
 
 TEST_CASE("safetensors reads a file written by an independent Python writer",
           "[checkpoint][safetensors][interop]") {
-  const auto contents = accel::checkpoint::read_safetensors(source_dir() / "data" / "reference.safetensors");
+  const auto contents = accel::ckpt::read_safetensors(source_dir() / "data" / "reference.safetensors");
   CHECK(contents.metadata.at("writer") == "python struct");
   std::map<std::string, torch::Tensor> t(contents.tensors.begin(), contents.tensors.end());
   REQUIRE(t.size() == 12);

@@ -18,9 +18,9 @@
 
 namespace fs = std::filesystem;
 using accel::SaveModelOptions;
-using accel::checkpoint::load_module;
-using accel::checkpoint::parse_size;
-using accel::checkpoint::save_module;
+using accel::ckpt::load_module;
+using accel::ckpt::parse_size;
+using accel::ckpt::save_module;
 
 namespace {
 
@@ -48,12 +48,12 @@ torch::nn::Sequential make_net(int seed) {
 
 std::vector<torch::Tensor> snapshot(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
-  for (const auto& [k, t] : accel::checkpoint::module_state(m)) out.push_back(t.clone());
+  for (const auto& [k, t] : accel::ckpt::module_state(m)) out.push_back(t.clone());
   return out;
 }
 
 bool same_state(const torch::nn::Module& a, const torch::nn::Module& b) {
-  const auto sa = accel::checkpoint::module_state(a), sb = accel::checkpoint::module_state(b);
+  const auto sa = accel::ckpt::module_state(a), sb = accel::ckpt::module_state(b);
   if (sa.size() != sb.size()) return false;
   for (std::size_t i = 0; i < sa.size(); ++i)
     if (sa[i].first != sb[i].first || !torch::equal(sa[i].second, sb[i].second)) return false;
@@ -61,7 +61,7 @@ bool same_state(const torch::nn::Module& a, const torch::nn::Module& b) {
 }
 
 bool unchanged(const torch::nn::Module& m, const std::vector<torch::Tensor>& before) {
-  const auto now = accel::checkpoint::module_state(m);
+  const auto now = accel::ckpt::module_state(m);
   for (std::size_t i = 0; i < now.size(); ++i)
     if (!torch::equal(now[i].second, before[i])) return false;
   return now.size() == before.size();
@@ -119,7 +119,7 @@ TEST_CASE("save_module writes one model.safetensors with the module's own keys",
   save_module(*net, dir);
   CHECK(files_in(dir) == std::set<std::string>{"model.safetensors"});
   std::vector<std::string> keys;
-  for (const auto& [k, t] : accel::checkpoint::load_safetensors(dir / "model.safetensors")) keys.push_back(k);
+  for (const auto& [k, t] : accel::ckpt::load_safetensors(dir / "model.safetensors")) keys.push_back(k);
   // state_dict order: each module's parameters, then its buffers.
   CHECK(keys == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
                                          "1.running_var", "1.num_batches_tracked", "2.weight", "2.bias"});
@@ -161,14 +161,14 @@ TEST_CASE("save_module shards greedily with Hugging Face names and index",
 }
 )";
   CHECK(read_text(dir / "model.safetensors.index.json") == expected_index);
-  CHECK(accel::checkpoint::load_safetensors(dir / s3).size() == 3);
+  CHECK(accel::ckpt::load_safetensors(dir / s3).size() == 3);
   // Every shard records its data's checksum (SaveModelOptions::checksum)...
   for (const auto& s : {s1, s2, s3, s4})
-    CHECK(accel::checkpoint::detail::read_safetensors_header(dir / s).metadata.count("accel.data_xxh64") == 1);
+    CHECK(accel::ckpt::detail::read_safetensors_header(dir / s).metadata.count("accel.data_xxh64") == 1);
   // ...unless asked not to.
   const fs::path plain = fresh_dir("no_checksum");
   save_module(*net, plain, {.max_shard_size = "50", .checksum = false});
-  CHECK(accel::checkpoint::detail::read_safetensors_header(plain / s1).metadata.count("accel.data_xxh64") == 0);
+  CHECK(accel::ckpt::detail::read_safetensors_header(plain / s1).metadata.count("accel.data_xxh64") == 0);
 
   auto other = make_net(5);
   load_module(*other, dir);
@@ -180,7 +180,7 @@ TEST_CASE("save_module shards greedily with Hugging Face names and index",
   SECTION("a tensor larger than the limit gets a shard of its own") {
     const fs::path d2 = fresh_dir("oversized");
     save_module(*net, d2, {"40"});  // 0.weight (48 bytes) > 40
-    const auto first = accel::checkpoint::load_safetensors(d2 / "model-00001-of-00004.safetensors");
+    const auto first = accel::ckpt::load_safetensors(d2 / "model-00001-of-00004.safetensors");
     REQUIRE(first.size() == 1);
     CHECK(first[0].first == "0.weight");
   }
@@ -205,7 +205,7 @@ TEST_CASE("tied weights are saved once and restored shared", "[checkpoint][save_
     INFO("max_shard_size " << limit);
     const fs::path dir = fresh_dir(std::string("tied_") + limit);
     save_module(net, dir, {limit});
-    const auto loaded = accel::checkpoint::load_checkpoint(dir);
+    const auto loaded = accel::ckpt::load_checkpoint(dir);
     std::map<std::string, torch::Tensor> by_name(loaded.begin(), loaded.end());
     REQUIRE(by_name.size() == 3);
     CHECK(by_name["decoder.weight"].data_ptr() == by_name["embed.weight"].data_ptr());
@@ -214,11 +214,11 @@ TEST_CASE("tied weights are saved once and restored shared", "[checkpoint][save_
       const std::string index = read_text(dir / "model.safetensors.index.json");
       CHECK(index.find("\"total_size\": 200") != std::string::npos);  // 160 + 40, the tie once
       CHECK(index.find("decoder.weight") == std::string::npos);
-      const auto header = accel::checkpoint::detail::read_safetensors_header(dir / "model-00001-of-00002.safetensors");
+      const auto header = accel::ckpt::detail::read_safetensors_header(dir / "model-00001-of-00002.safetensors");
       CHECK(header.tensors.size() == 1);
       CHECK(header.metadata.at("accel.tied.decoder.weight") == "embed.weight");
     } else {
-      const auto header = accel::checkpoint::detail::read_safetensors_header(dir / "model.safetensors");
+      const auto header = accel::ckpt::detail::read_safetensors_header(dir / "model.safetensors");
       CHECK(header.tensors.size() == 2);
       CHECK(header.data_size == 200);
     }

@@ -218,7 +218,7 @@ std::vector<torch::Tensor> exp_avgs_by_archive_keys(const fs::path& file, bool& 
   for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
     c10::IValue key;
     group0.read("params/" + std::to_string(i), key);
-    hex_keys = hex_keys && accel::checkpoint::detail::is_hex_address(key.toStringRef());
+    hex_keys = hex_keys && accel::ckpt::detail::is_hex_address(key.toStringRef());
     torch::serialize::InputArchive param_state;
     state.read(key.toStringRef(), param_state);
     torch::Tensor t;
@@ -263,19 +263,19 @@ TEST_CASE("LibTorch 1.13's optimizer archives put each state on its own paramete
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
     torch::serialize::InputArchive in;
     in.load_from(file.string());
-    accel::checkpoint::detail::load_optimizer(adam, in);
+    accel::ckpt::detail::load_optimizer(adam, in);
     check(adam);
   }
   {  // the rewritten archive, loaded by LibTorch alone: decimal keys, as 2.x writes them
     torch::serialize::InputArchive in;
     in.load_from(file.string());
     torch::serialize::OutputArchive rewritten;
-    accel::checkpoint::detail::copy_with_decimal_addresses(in, rewritten);
+    accel::ckpt::detail::copy_with_decimal_addresses(in, rewritten);
     std::stringstream bytes;
     rewritten.save_to(bytes);
     torch::serialize::InputArchive converted;
     converted.load_from(bytes);
-    REQUIRE_FALSE(accel::checkpoint::detail::has_hex_state_keys(converted));
+    REQUIRE_FALSE(accel::ckpt::detail::has_hex_state_keys(converted));
     auto model = small_mlp(99);
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
     adam.load(converted);
@@ -463,7 +463,7 @@ TEST_CASE("the loss scaler's scale and growth tracker are saved", "[checkpoint][
   // precision::Fp16 needs CUDA; the registry is driven directly on CPU.
   const auto dir = scratch("scaler") / "ckpt";
   auto make_registry = [] {
-    accel::checkpoint::StateRegistry reg;
+    accel::ckpt::StateRegistry reg;
     reg.state = std::make_shared<accel::detail::TrainingState>();
     reg.state->comm = accel::backend::SingleDevice::make_communicator(accel::runtime::ProcessEnv{},
                                                                       accel::AcceleratorOptions{});
@@ -473,16 +473,16 @@ TEST_CASE("the loss scaler's scale and growth tracker are saved", "[checkpoint][
   auto saved = make_registry();
   saved.scaler->load(1024.0, 7);
   saved.state->micro_step = 5;
-  accel::checkpoint::save_state(saved, {}, dir);
+  accel::ckpt::save_state(saved, {}, dir);
   auto loaded = make_registry();
-  accel::checkpoint::load_state(loaded, {}, dir);
+  accel::ckpt::load_state(loaded, {}, dir);
   CHECK(loaded.scaler->scale() == 1024.0);
   CHECK(loaded.scaler->growth_tracker() == 7);
   CHECK(loaded.state->micro_step == 5);
   // A run without a scaler cannot take that checkpoint.
   auto plain = make_registry();
   plain.scaler.reset();
-  CHECK_THROWS_WITH(accel::checkpoint::load_state(plain, {}, dir),
+  CHECK_THROWS_WITH(accel::ckpt::load_state(plain, {}, dir),
                     ContainsSubstring("was saved with a loss scaler"));
 }
 
@@ -596,7 +596,7 @@ TEST_CASE("bad checkpoints are clear errors and change nothing", "[checkpoint][s
       CHECK(sums.at(file).get<std::string>() == accel_test::xxhsum(good / file));
     }
     // The model file's: of its data buffer, as its header records it too.
-    const auto header = accel::checkpoint::detail::read_safetensors_header(good / "model.safetensors");
+    const auto header = accel::ckpt::detail::read_safetensors_header(good / "model.safetensors");
     CHECK(sums.at("model.safetensors").get<std::string>() == accel_test::xxhsum(good / "model.safetensors", header.data_start));
     CHECK(header.metadata.at("accel.data_xxh64") == sums.at("model.safetensors").get<std::string>());
   }

@@ -134,7 +134,7 @@ std::vector<Result> launch(const std::string& name, int world, Run run) {
   std::vector<Result> results;
   for (int r = 0; r < world; ++r) results.push_back(load(out, r));
   // save_model() wrote the whole model, as every rank holds it after the step.
-  auto file = accel::checkpoint::load_safetensors(std::filesystem::path(out + "_model") / "model.safetensors");
+  auto file = accel::ckpt::load_safetensors(std::filesystem::path(out + "_model") / "model.safetensors");
   std::vector<torch::Tensor> saved;
   for (auto& [name, t] : file) saved.push_back(t);
   results[0].saved_model = std::move(saved);

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 [[noreturn]] inline void fail_io(std::string_view what, const std::filesystem::path& path,
                                  int error) {
@@ -204,6 +204,6 @@ class ReadFile {
   int fd_ = -1;
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP

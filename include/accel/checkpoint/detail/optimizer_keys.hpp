@@ -19,7 +19,7 @@
 #include <sstream>
 #include <string>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 inline bool is_hex_address(const std::string& key) {
   if (key.size() < 3 || key[0] != '0' || key[1] != 'x') return false;
@@ -88,6 +88,6 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
   load(in);
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP

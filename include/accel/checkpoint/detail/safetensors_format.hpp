@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 /// Same cap as the reference reader: a header beyond it is rejected before any
 /// allocation, so a forged length cannot make us allocate gigabytes.
@@ -78,7 +78,7 @@ inline std::optional<std::size_t> dtype_size(std::string_view dtype) {
   throw Error(accel::detail::concat(
       "accel: invalid safetensors file '", source, "': ", problem,
       ". The file is corrupt, truncated or not a safetensors file: write it again "
-      "with accel::checkpoint::save_safetensors or a safetensors library."));
+      "with accel::ckpt::save_safetensors or a safetensors library."));
 }
 
 /// Reads the little-endian header length from the first 8 bytes and checks it
@@ -287,6 +287,6 @@ inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& pa
   return parse_header_json(text, 8 + n, file_size - 8 - n, source);
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_SAFETENSORS_FORMAT_HPP

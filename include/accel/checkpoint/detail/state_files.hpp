@@ -31,7 +31,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 namespace fs = std::filesystem;
 
@@ -303,6 +303,6 @@ struct GeneratorStates {
   }
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP

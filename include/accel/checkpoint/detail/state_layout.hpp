@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 inline constexpr std::string_view kStateFile = "accel_state.json";
 inline constexpr std::string_view kStateFormat = "accel.save_state";
@@ -216,6 +216,6 @@ inline nlohmann::json checksums_json(const Checksums& sums) {
 }
 
 }  // namespace detail
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 /// Keys, shapes and dtypes of a saved model against the module; the error
 /// lists every offending key.
@@ -218,6 +218,6 @@ class ArchiveTransaction {
   std::vector<std::function<void()>> done_;  ///< restores, in the order applied
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP

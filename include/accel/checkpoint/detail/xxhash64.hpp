@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 class Xxh64 {
  public:
@@ -127,6 +127,6 @@ inline std::optional<std::uint64_t> from_hex(std::string_view s) {
   return v;
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_XXHASH64_HPP

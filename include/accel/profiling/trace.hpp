@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::profiling::Trace, what Accelerator::profile returns:
+/// LibTorch's operators on this process, recorded while it lives and written
+/// as a Chrome trace (trace_dir/trace_rank<r>.json); merge_traces puts the
+/// ranks' files into one trace with a track per rank.
+#ifndef ACCEL_PROFILING_TRACE_HPP
+#define ACCEL_PROFILING_TRACE_HPP
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/torch.h>
+
+#include <accel/errors.hpp>
+
+namespace accel::profiling {
+
+namespace detail {
+
+inline std::filesystem::path rank_file(const std::filesystem::path& dir, int rank) {
+  return dir / ("trace_rank" + std::to_string(rank) + ".json");
+}
+
+inline void write_json_atomic(const std::filesystem::path& file, const nlohmann::json& j) {
+  auto tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    ACCEL_CHECK(out.good(), "accel: cannot write the trace file '", tmp.string(),
+                "'. Give profile() a directory this process can write to.");
+    out << j.dump();
+    ACCEL_CHECK(out.good(), "accel: writing the trace file '", tmp.string(), "' failed. Check the free space.");
+  }
+  std::filesystem::rename(tmp, file);
+}
+
+}  // namespace detail
+
+/// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
+/// for this process) records while the Trace lives. stop() or the destructor
+/// writes trace_dir/trace_rank<r>.json in the Chrome trace event format
+/// (complete "X" events; pid = rank; timestamps in microseconds since the
+/// epoch, so the ranks' files line up when merged). Movable, not copyable.
+class Trace {
+ public:
+  Trace(std::filesystem::path trace_dir, int rank)
+      : impl_(std::make_unique<Impl>(std::move(trace_dir), rank)) {}
+  Trace(Trace&&) noexcept = default;
+  Trace& operator=(Trace&&) noexcept = default;
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+  ~Trace() {
+    try {
+      stop();
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";  // a destructor must not throw
+    }
+  }
+
+  /// Stops recording and writes the file (once); returns its path.
+  std::filesystem::path stop() {
+    if (!impl_) return {};
+    auto file = impl_->file;
+    impl_->finish();
+    impl_.reset();
+    return file;
+  }
+
+ private:
+  struct Impl {
+    Impl(std::filesystem::path dir, int r)
+        : rank(r), file(detail::rank_file(dir, r)),
+          start_us(static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count())) {
+      std::filesystem::create_directories(dir);
+      recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+    }
+    void finish() {
+      recorder.reset();  // stops the profiler and writes its events into raw
+      auto events = nlohmann::json::parse(raw.str());
+      nlohmann::json out = nlohmann::json::array();
+      out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0},
+                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
+      for (auto& e : events) {
+        e["pid"] = rank;
+        e["ts"] = e.value("ts", 0.0) + start_us;
+        out.push_back(std::move(e));
+      }
+      detail::write_json_atomic(file, out);
+    }
+    int rank;
+    std::filesystem::path file;
+    double start_us;
+    std::stringstream raw;
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> recorder;
+  };
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Merges trace_rank0.json .. trace_rank<world-1>.json of trace_dir into
+/// trace_dir/trace.json (one track per rank); call it once every rank's
+/// Trace is gone (after wait_for_everyone()), on one process.
+inline std::filesystem::path merge_traces(const std::filesystem::path& trace_dir, int world_size) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    const auto file = detail::rank_file(trace_dir, r);
+    std::ifstream in(file);
+    ACCEL_CHECK(in.good(), "accel: the trace of rank ", r, " ('", file.string(),
+                "') is missing. Merge after every rank's profile() object is gone.");
+    for (auto& e : nlohmann::json::parse(in)) events.push_back(std::move(e));
+  }
+  const auto merged = trace_dir / "trace.json";
+  detail::write_json_atomic(merged, {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}});
+  return merged;
+}
+
+}  // namespace accel::profiling
+
+#endif  // ACCEL_PROFILING_TRACE_HPP
