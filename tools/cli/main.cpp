@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
                                             "(ACCEL_RDZV_TIMEOUT; default: the collective timeout)")
                              ->check(CLI::PositiveNumber);
 
+  launch->add_option("--max_restarts", f.max_restarts,
+                     "When a process fails, stop all and start them again, up to this many "
+                     "times (TORCHELASTIC_RESTART_COUNT tells each attempt; one machine only)")
+      ->check(CLI::NonNegativeNumber);
+
   auto* env = app.add_subcommand("env", "Print versions, backends, cores and the config in effect");
   std::string env_config;
   auto* o_env_cf = env->add_option("--config_file", env_config, "Config file to show");

@@ -32,15 +32,11 @@ struct LaunchOptions {
   std::optional<std::string> rendezvous_file = std::nullopt;
 
   // --- elastic restarts (API.md section 7; docs/launching.md "Fault tolerance") ---
-  /// When a worker fails (throws, exits non-zero, dies by a signal, or stops
-  /// heart-beating), every worker is stopped and the whole group started
-  /// again, up to this many times; each attempt sees TORCHELASTIC_RESTART_COUNT
-  /// (accel::restart_count()). One node only.
+  /// When a worker fails (throws, exits non-zero, dies by a signal), every
+  /// worker is stopped and the whole group started again, up to this many
+  /// times; each attempt sees TORCHELASTIC_RESTART_COUNT (accel::restart_count()).
+  /// One node only.
   int max_restarts = 0;
-  /// When set: a worker that has reported progress (Accelerator::backward,
-  /// optimizer steps, collectives) and then reports none for this long is
-  /// hung; it counts as failed (and is restarted within max_restarts).
-  std::optional<std::chrono::seconds> monitor_interval = std::nullopt;
 };
 
 }  // namespace accel
