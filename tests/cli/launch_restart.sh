@@ -1,6 +1,7 @@
 # --max_restarts: a failing rank stops every rank and the group starts again,
 # each attempt told by TORCHELASTIC_RESTART_COUNT; after the last allowed
-# failure accel exits with its status, naming the rank and the attempt.
+# failure accel exits with its status, naming the rank and the attempt;
+# --monitor_interval kills a process that stops heart-beating.
 . "$(dirname "$0")/common.sh"
 nap="60.$$"   # a sleep only this test starts, to look for in the process table
 
@@ -34,6 +35,21 @@ rc=$?
 [ "$rc" = 4 ] || fail "exit status $rc, expected 4: $out"
 not_contains "$out" "attempt"
 [ "$(tr '\n' , < "$T/starts")" = "0,0," ] || fail "restart counts: $(cat "$T/starts")"
+no_process "sleep $nap"
+
+# --monitor_interval: rank 1 beats once (touches its ACCEL_HEARTBEAT_FILE) and
+# hangs; rank 0 goes on beating. Rank 1 is killed as hung within seconds.
+start=$(now_ms)
+out=$("$ACCEL" launch -q --monitor_interval 1 --num_processes 2 sh -c "
+  touch \"\$ACCEL_HEARTBEAT_FILE\"
+  if [ \$RANK = 1 ]; then sleep $nap; fi
+  while :; do touch \"\$ACCEL_HEARTBEAT_FILE\"; sleep 0.1; done" 2>&1)
+rc=$?
+[ "$rc" = 137 ] || fail "exit status $rc after a hang, expected 137: $out"
+[ "$(( $(now_ms) - start ))" -lt 15000 ] || fail "the hang took too long to detect"
+contains "$out" "rank 1 ("
+contains "$out" "made no progress (no heartbeat) for"
+contains "$out" "more than the monitor interval of 1 s; it was killed as hung"
 no_process "sleep $nap"
 
 # Several machines are refused (a restart is decided on one machine).

@@ -39,6 +39,7 @@ struct LaunchFlags {
   std::optional<int> timeout;       ///< seconds the whole launch may take (--timeout)
   std::optional<int> rdzv_timeout;  ///< seconds the workers wait to meet (ACCEL_RDZV_TIMEOUT)
   int max_restarts = 0;             ///< restarts of the whole group after a failure (--max_restarts)
+  std::optional<int> monitor_interval;  ///< seconds without a heartbeat that make a process hung
   std::vector<std::string> command;  ///< PROGRAM ARGS...
 };
 
@@ -158,6 +159,7 @@ inline LaunchOptions node_options(const LaunchPlan& p, const LaunchFlags& f) {
   o.master_port = p.main_process_port;
   o.mixed_precision = f.mixed_precision.value_or(p.config.mixed_precision);
   o.max_restarts = f.max_restarts;
+  if (f.monitor_interval) o.monitor_interval = std::chrono::seconds(*f.monitor_interval);
   return o;
 }
 
@@ -203,6 +205,7 @@ inline int run_launch(const LaunchFlags& f) {
   detail::launch::PoolOptions po;
   po.prefix_output = f.prefix_output;
   po.grace = std::chrono::milliseconds(static_cast<long long>(f.grace_period * 1000));
+  if (f.monitor_interval) po.heartbeat_timeout = std::chrono::seconds(*f.monitor_interval);
   // A training run ends when it ends, unless --timeout bounds it.
   po.timeout = f.timeout ? std::chrono::milliseconds(std::chrono::seconds(*f.timeout))
                          : std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10));

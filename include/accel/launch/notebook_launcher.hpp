@@ -66,6 +66,7 @@ PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_poi
                             deadline - std::chrono::steady_clock::now()));
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
+  if (o.monitor_interval) po.heartbeat_timeout = *o.monitor_interval;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
   // OpenMP's thread pool lives in the forking thread, and a child forked from a
   // thread that already ran a parallel region hangs in its first one.
@@ -139,8 +140,9 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
 /// and forks the whole group again, up to N times, each attempt with
 /// TORCHELASTIC_RESTART_COUNT = 0, 1, ... (accel::restart_count()) and a
 /// usable port; the failure of attempt N+1 is the LaunchError, "process R
-/// failed on attempt N+1 of N+1 (max_restarts = N): ...". Even one process
-/// is then a forked worker, so that a crash can be restarted.
+/// failed on attempt N+1 of N+1 (max_restarts = N): ...". With
+/// opts.monitor_interval a worker that stops heart-beating is killed as hung
+/// (a failure). With either, even one process is a forked worker.
 template <class F, class... Args>
 void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
   namespace dl = detail::launch;
@@ -158,8 +160,10 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     opts.master_port = dl::pick_free_port(opts.master_addr);
   }
 
-  // In this process unless a crash must be survivable (max_restarts).
-  if (opts.num_processes == 1 && opts.num_nodes == 1 && opts.max_restarts == 0) {
+  // In this process unless a crash must be survivable (max_restarts) or a
+  // hang detectable (monitor_interval).
+  if (opts.num_processes == 1 && opts.num_nodes == 1 && opts.max_restarts == 0 &&
+      !opts.monitor_interval) {
     dl::EnvList env = dl::rank_environment(opts, 0);
     dl::ScopedEnv scoped_env(env);
     dl::ScopedThreads threads(dl::threads_per_worker(1));

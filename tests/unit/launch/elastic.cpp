@@ -2,9 +2,11 @@
 // attempt's variables, that a failure (exception, exit status, SIGKILL)
 // restarts the whole group with fresh processes, that the last allowed
 // failure names the rank and the attempt, and that a port in TIME_WAIT or
-// taken does not break the restart. No autograd here (training restarts:
+// taken does not break the restart, and that a worker that stops
+// heart-beating is killed as hung (monitor_interval). No autograd here (training restarts:
 // tests/unit/checkpoint/elastic.cpp).
 #include <accel/launch.hpp>
+#include <accel/runtime/heartbeat.hpp>
 #include <accel/runtime/restart_count.hpp>
 #include <accel/runtime/store.hpp>
 
@@ -232,6 +234,66 @@ TEST_CASE("elastic: the restarted group meets again on its port despite TIME_WAI
   }
 }
 
+namespace {
+
+/// Beats (runtime::heartbeat) every 20 ms for `how_long`.
+void beat_for(std::chrono::milliseconds how_long) {
+  const auto until = std::chrono::steady_clock::now() + how_long;
+  while (std::chrono::steady_clock::now() < until) {
+    accel::runtime::heartbeat();
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("elastic: a worker that stops heart-beating is killed as hung, and the group restarted",
+          "[launch][elastic][heartbeat]") {
+  const fs::path dir = fresh("hung");
+  auto o = two(1);
+  o.monitor_interval = 1s;
+  const auto t0 = std::chrono::steady_clock::now();
+  accel::notebook_launcher(
+      [](const std::string& d) {
+        log_start(d);
+        if (accel::restart_count() == 0) {
+          beat_for(300ms);
+          // Rank 1 hangs; rank 0 goes on beating until it is stopped.
+          if (env_or("RANK") == "1") std::this_thread::sleep_for(60s);
+          beat_for(60s);
+        }
+        // Attempt 1: rank 0 never beats and is never judged; rank 1 beats and ends.
+        if (env_or("RANK") == "0") std::this_thread::sleep_for(1500ms);
+        else beat_for(300ms);
+      },
+      std::make_tuple(dir.string()), o);
+  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+  const auto s = starts(dir);
+  REQUIRE(s.size() == 4);
+  for (const auto& x : s) CHECK(process_gone(x.pid));
+}
+
+TEST_CASE("elastic: a hung worker without restarts fails the launch, named", "[launch][elastic][heartbeat]") {
+  auto o = two(0);
+  o.monitor_interval = 1s;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    accel::notebook_launcher(
+        [] {
+          beat_for(200ms);
+          if (env_or("RANK") == "1") std::this_thread::sleep_for(60s);
+          beat_for(60s);
+        },
+        std::make_tuple(), o);
+    FAIL("the launch did not fail");
+  } catch (const accel::LaunchError& e) {
+    CHECK(e.rank() == 1);
+    CHECK_THAT(e.message(), Catch::Matchers::StartsWith("made no progress (no heartbeat) for 1.") &&
+                                ContainsSubstring(" s, more than the monitor interval of 1 s; it was killed as hung"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
 TEST_CASE("elastic: invalid restart options are refused", "[launch][elastic]") {
   auto o = two(-1);
   CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
@@ -241,6 +303,10 @@ TEST_CASE("elastic: invalid restart options are refused", "[launch][elastic]") {
   o.master_port = 29999;
   CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
                     ContainsSubstring("with 2 nodes is not supported"));
+  o = two(1);
+  o.monitor_interval = std::chrono::seconds(0);
+  CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
+                    ContainsSubstring("monitor_interval is 0 s"));
   CHECK(accel::restart_count() == 0);
   ::setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
   CHECK(accel::restart_count() == 3);

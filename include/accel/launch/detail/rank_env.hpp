@@ -72,6 +72,9 @@ inline void validate(const LaunchOptions& o) {
               ") with ", o.num_nodes, " nodes is not supported: a restart is decided on one "
               "machine only. Use max_restarts with one node, or restart the launch of every node "
               "from your job scheduler.");
+  ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
+              "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
+              " s. Give a positive number of seconds, or leave it unset (no hang detection).");
   if (o.mixed_precision) {
     const auto& m = *o.mixed_precision;
     ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
