@@ -11,11 +11,11 @@
 // Expected output (the loss may differ a little on another machine; the
 // launcher's line about the failure goes to stderr):
 //   uninterrupted: attempt 0 starts from scratch
-//   uninterrupted: 64 steps, final loss 0.0128
+//   uninterrupted: 64 steps, final loss 0.0889829
 //   elastic: attempt 0 starts from scratch
-//   accel: process 1 failed on attempt 1 of 3: killed by signal SIGKILL; process 0 was stopped. Restarting all 2 processes (restart 1 of 2).
-//   elastic: attempt 1 resumes from checkpoint_2 (step 48, epoch 3)
-//   elastic: 64 steps, final loss 0.0128
+//   accel: process 1 failed on attempt 1 of 3: killed by signal SIGKILL; process 0 failed because of it. Restarting all 2 processes (restart 1 of 2).
+//   elastic: attempt 1 resumes from checkpoint_2 (step 48, epoch 2)
+//   elastic: 64 steps, final loss 0.0889829
 //   largest weight difference between uninterrupted and elastic: 0
 // Exit status 0 when the weights are identical.
 #include <accel/accel.hpp>

@@ -101,6 +101,7 @@ void train(std::string out, std::string project, int fault) {
 }
 
 void launch(const fs::path& out, const fs::path& project, Fault fault, int max_restarts) {
+  fs::create_directories(project);
   accel::LaunchOptions lo;
   lo.num_processes = 2;
   lo.master_port = 0;
