@@ -19,6 +19,7 @@
 
 #include <accel/backend.hpp>
 #include <accel/checkpoint/save_model.hpp>
+#include <accel/checkpoint/latest_state.hpp>
 #include <accel/checkpoint/save_state.hpp>
 #include <accel/compatibility.hpp>
 #include <accel/data.hpp>
@@ -400,6 +401,19 @@ class Accelerator {
     sync_registry();
     ckpt::load_state(registry_, options_, std::move(dir));
   }
+  // --- elastic restarts (docs/launching.md "Fault tolerance") ---
+  /// Resumes from the newest complete checkpoint under project_dir/checkpoints
+  /// (automatic naming) and returns its directory, or returns std::nullopt
+  /// and changes nothing when there is none (a first attempt). A checkpoint a
+  /// killed save left incomplete is never chosen; one that cannot be read is
+  /// skipped with a warning. save_state() then numbers on past every
+  /// checkpoint there. Every process must call it, after prepare() and
+  /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
+  std::optional<std::filesystem::path> load_latest_state() {
+    sync_registry();
+    return ckpt::load_latest_state(registry_, options_);
+  }
+  // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
   /// ckpt::Checkpointable); obj must outlive those calls.
   template <ckpt::Checkpointable T>

@@ -26,12 +26,22 @@ class LaunchError : public Error {
       : Error("accel: process " + std::to_string(rank) + " failed: " + message +
               (others.empty() ? "" : "; " + others)),
         rank_(rank), message_(std::move(message)) {}
+  /// The failure that used up the last restart (LaunchOptions::max_restarts):
+  /// "accel: process 1 failed on attempt 2 of 2 (max_restarts = 1): ...".
+  LaunchError(int rank, std::string message, const std::string& others, int attempt, int attempts)
+      : Error("accel: process " + std::to_string(rank) + " failed on attempt " +
+              std::to_string(attempt) + " of " + std::to_string(attempts) + " (max_restarts = " +
+              std::to_string(attempts - 1) + "): " + message + (others.empty() ? "" : "; " + others)),
+        rank_(rank), message_(std::move(message)), attempt_(attempt) {}
   int rank() const noexcept { return rank_; }
   const std::string& message() const noexcept { return message_; }
+  /// Which attempt failed, from 1 (a launch without restarts has only attempt 1).
+  int attempt() const noexcept { return attempt_; }
 
  private:
   int rank_;
   std::string message_;
+  int attempt_ = 1;
 };
 
 /// A configuration file or value is wrong: names the key (and line, when known).

@@ -15,6 +15,7 @@
 #include <accel/config.hpp>
 #include <accel/errors.hpp>
 #include <accel/launch/config_file.hpp>
+#include <accel/launch/detail/elastic.hpp>
 #include <accel/launch/detail/ports.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/detail/rank_env.hpp>
@@ -37,6 +38,8 @@ struct LaunchFlags {
   double grace_period = 5.0;  ///< seconds between SIGTERM and SIGKILL
   std::optional<int> timeout;       ///< seconds the whole launch may take (--timeout)
   std::optional<int> rdzv_timeout;  ///< seconds the workers wait to meet (ACCEL_RDZV_TIMEOUT)
+  int max_restarts = 0;             ///< restarts of the whole group after a failure (--max_restarts)
+  std::optional<int> monitor_interval;  ///< seconds without a heartbeat that make a process hung
   std::vector<std::string> command;  ///< PROGRAM ARGS...
 };
 
@@ -46,6 +49,7 @@ struct LaunchPlan {
   int num_processes = 1, local_processes = 1, num_machines = 1, machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;
+  bool any_port = false;  ///< --main_process_port 0: a restart may take another free port
   std::optional<std::string> published_port_file;  ///< machine 0 wrote it; removed after the launch
   std::vector<std::string> notes;  ///< what was chosen for the user (printed unless quiet)
 };
@@ -123,6 +127,7 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
                         *f.rdzv_file + ")");
     }
   } else if (port && *port == 0) {
+    p.any_port = true;
     p.main_process_port = detail::pick_free_port(p.main_process_ip);
     p.notes.push_back("using free port " + std::to_string(p.main_process_port));
   } else if (port) {
@@ -153,16 +158,20 @@ inline LaunchOptions node_options(const LaunchPlan& p, const LaunchFlags& f) {
   o.master_addr = p.main_process_ip;
   o.master_port = p.main_process_port;
   o.mixed_precision = f.mixed_precision.value_or(p.config.mixed_precision);
+  o.max_restarts = f.max_restarts;
+  if (f.monitor_interval) o.monitor_interval = std::chrono::seconds(*f.monitor_interval);
   return o;
 }
 
 /// The variables worker `local_rank` gets on top of the launcher's environment:
 /// notebook_launcher's rank variables plus what the config file asks for.
+/// restart: the attempt of an elastic launch (TORCHELASTIC_RESTART_COUNT).
 inline detail::launch::EnvList worker_env(const LaunchPlan& p, const LaunchFlags& f,
-                                          int local_rank, const std::string& job_id) {
+                                          int local_rank, const std::string& job_id,
+                                          int restart = 0) {
   const LaunchConfig& c = p.config;
   detail::launch::EnvList env =
-      detail::launch::rank_environment(node_options(p, f), local_rank, job_id);
+      detail::launch::rank_environment(node_options(p, f), local_rank, job_id, restart);
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     env.emplace_back("OMP_NUM_THREADS",
                      std::to_string(f.num_cpu_threads_per_process.value_or(
@@ -196,14 +205,28 @@ inline int run_launch(const LaunchFlags& f) {
   detail::launch::PoolOptions po;
   po.prefix_output = f.prefix_output;
   po.grace = std::chrono::milliseconds(static_cast<long long>(f.grace_period * 1000));
+  if (f.monitor_interval) po.heartbeat_timeout = std::chrono::seconds(*f.monitor_interval);
   // A training run ends when it ends, unless --timeout bounds it.
   po.timeout = f.timeout ? std::chrono::milliseconds(std::chrono::seconds(*f.timeout))
                          : std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10));
-  detail::launch::WorkerPool pool(po);
-  const std::string job = detail::launch::new_job_id(node_options(p, f));
-  for (int i = 0; i < p.local_processes; ++i)
-    pool.spawn_exec(p.machine_rank * p.local_processes + i, worker_env(p, f, i, job), f.command);
-  const detail::launch::PoolOutcome out = pool.wait();
+  // Each attempt of an elastic launch (--max_restarts) is a new pool, a new
+  // job id and maybe a new port; the pool's deadline is what is left of --timeout.
+  const auto deadline = std::chrono::steady_clock::now() + po.timeout;
+  const auto r = detail::launch::run_elastic(
+      node_options(p, f), p.any_port, [&](const LaunchOptions& a, int attempt) {
+        LaunchPlan pa = p;
+        pa.main_process_port = a.master_port;
+        po.timeout = std::max(std::chrono::milliseconds(1),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - std::chrono::steady_clock::now()));
+        detail::launch::WorkerPool pool(po);
+        const std::string job = detail::launch::new_job_id(a);
+        for (int i = 0; i < pa.local_processes; ++i)
+          pool.spawn_exec(pa.machine_rank * pa.local_processes + i,
+                          worker_env(pa, f, i, job, attempt), f.command);
+        return pool.wait();
+      });
+  const detail::launch::PoolOutcome& out = r.outcome;
   if (out.interrupted_by != 0) {
     std::cerr << "accel: received " << detail::launch::signal_name(out.interrupted_by)
               << "; stopped all processes.\n";
@@ -213,8 +236,12 @@ inline int run_launch(const LaunchFlags& f) {
   } else if (out.first_failure) {
     const auto& w = *out.first_failure;
     const std::string others = out.others_summary();
-    std::cerr << "accel: rank " << w.rank << " (pid " << w.pid << ") failed: " << w.message
-              << (others.empty() ? "" : "; " + others) << ".\n";
+    std::cerr << "accel: rank " << w.rank << " (pid " << w.pid << ") failed"
+              << (f.max_restarts > 0 ? " on attempt " + std::to_string(r.attempt + 1) + " of " +
+                                           std::to_string(f.max_restarts + 1) + " (--max_restarts " +
+                                           std::to_string(f.max_restarts) + ")"
+                                     : std::string())
+              << ": " << w.message << (others.empty() ? "" : "; " + others) << ".\n";
   }
   return out.exit_code();
 }

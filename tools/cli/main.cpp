@@ -79,6 +79,17 @@ int main(int argc, char** argv) {
                                             "(ACCEL_RDZV_TIMEOUT; default: the collective timeout)")
                              ->check(CLI::PositiveNumber);
 
+  launch->add_option("--max_restarts", f.max_restarts,
+                     "When a process fails, stop all and start them again, up to this many "
+                     "times (TORCHELASTIC_RESTART_COUNT tells each attempt; one machine only)")
+      ->check(CLI::NonNegativeNumber);
+  int monitor_interval = 0;
+  auto* o_monitor = launch->add_option(
+      "--monitor_interval", monitor_interval,
+      "Seconds a process may go without a heartbeat (a loader batch, a collective, or a touch of "
+      "$ACCEL_HEARTBEAT_FILE) after its first one before it is killed as hung")
+      ->check(CLI::PositiveNumber);
+
   auto* env = app.add_subcommand("env", "Print versions, backends, cores and the config in effect");
   std::string env_config;
   auto* o_env_cf = env->add_option("--config_file", env_config, "Config file to show");
@@ -125,6 +136,7 @@ int main(int argc, char** argv) {
       set_if(o_thr, threads, f.num_cpu_threads_per_process);
       set_if(o_timeout, timeout, f.timeout);
       set_if(o_rdzv_timeout, rdzv_timeout, f.rdzv_timeout);
+      set_if(o_monitor, monitor_interval, f.monitor_interval);
       if (o_tee->count() > 0 && tee != "0") f.prefix_output = true;
       f.command = after_dashes.empty() ? launch->remaining() : after_dashes;
       return accel::cli::run_launch(f);

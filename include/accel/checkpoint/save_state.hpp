@@ -155,34 +155,13 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   return target;
 }
 
-/// Restores the registry's state from dir, or (no dir) from the newest
-/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
-/// automatic number. Every process must call it. A bad checkpoint throws
-/// accel::Error on every process and changes nothing. Returns the directory read.
-inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
-                                        std::optional<std::filesystem::path> dir = {}) {
-  using namespace detail;
-  fs::path target;
-  std::optional<int64_t> number;
-  std::exception_ptr err;
-  ReadState s;
-  try {
-    if (dir) {
-      target = normal_dir(*dir);
-    } else {
-      const fs::path base = checkpoints_base(options, "load_state");
-      const auto all = list_checkpoints(base);
-      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
-                  base.string(), "'. Save one with save_state() first, or pass a directory.");
-      target = all.back().second;
-      number = all.back().first;
-    }
-    s = read_state(reg, readable_checkpoint(target));
-  } catch (...) {
-    err = std::current_exception();
-  }
-  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+namespace detail {
 
+/// load_state's second half: puts what read_state() read (and every process
+/// agreed is valid) into the registry's objects. Archive loads that still
+/// fail are rolled back on every process, which then all throw.
+inline void apply_state(StateRegistry& reg, ReadState& s) {
+  std::exception_ptr err;
   ArchiveTransaction tx;
   try {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
@@ -217,6 +196,38 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
   for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
+}
+
+}  // namespace detail
+
+/// Restores the registry's state from dir, or (no dir) from the newest
+/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
+/// automatic number. Every process must call it. A bad checkpoint throws
+/// accel::Error on every process and changes nothing. Returns the directory read.
+inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  fs::path target;
+  std::optional<int64_t> number;
+  std::exception_ptr err;
+  ReadState s;
+  try {
+    if (dir) {
+      target = normal_dir(*dir);
+    } else {
+      const fs::path base = checkpoints_base(options, "load_state");
+      const auto all = list_checkpoints(base);
+      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
+                  base.string(), "'. Save one with save_state() first, or pass a directory.");
+      target = all.back().second;
+      number = all.back().first;
+    }
+    s = read_state(reg, readable_checkpoint(target));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+  apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;
   } else if (const auto it = s.meta.find("checkpoint_iteration");

@@ -14,6 +14,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/data/to_device.hpp>
 #include <accel/errors.hpp>
+#include <accel/runtime/heartbeat.hpp>
 
 #include <torch/types.h>
 
@@ -288,6 +289,7 @@ class DataLoader<Dataset, Collate>::iterator {
   pointer operator->() const { return &run_->current(); }
   iterator& operator++() {
     if (!run_->advance()) run_.reset();
+    runtime::heartbeat();  // progress, for the launcher's hang detection
     return *this;
   }
   void operator++(int) { ++*this; }

@@ -30,6 +30,17 @@ struct LaunchOptions {
   /// (a shared filesystem). Node 0 picks a free port and writes it there;
   /// the other nodes wait for it. Node 0 removes the file when its launch ends.
   std::optional<std::string> rendezvous_file = std::nullopt;
+
+  // --- elastic restarts (API.md section 7; docs/launching.md "Fault tolerance") ---
+  /// When a worker fails (throws, exits non-zero, dies by a signal, or hangs:
+  /// monitor_interval), every worker is stopped and the whole group started
+  /// again, up to this many times; each attempt sees TORCHELASTIC_RESTART_COUNT
+  /// (accel::restart_count()). One node only.
+  int max_restarts = 0;
+  /// Hang detection: a worker that made progress (runtime::heartbeat(): each
+  /// batch of a prepared loader, each completed collective) and then makes
+  /// none for this long is killed and counts as failed. Unset: none.
+  std::optional<std::chrono::seconds> monitor_interval = std::nullopt;
 };
 
 }  // namespace accel

@@ -20,6 +20,7 @@
 
 #include <accel/config.hpp>
 #include <accel/errors.hpp>
+#include <accel/launch/detail/elastic.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/detail/rank_env.hpp>
 #include <accel/launch/detail/worker_pool.hpp>
@@ -54,25 +55,26 @@ inline std::string worker_error_message(const c10::Error& e) {
          "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
 }
 
-/// Runs body in one worker per local rank and waits; turns the pool's outcome
-/// into the launcher's exceptions. `what` names the launch in messages.
+/// Runs body in one worker per local rank (attempt `attempt` of an elastic
+/// launch) and waits until the pool's outcome.
 template <class Body>
-void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
-                 const char* what, Body&& body) {
+PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                     int attempt, Body& body) {
   PoolOptions po;
   po.timeout = std::max(std::chrono::milliseconds(1),
                         std::chrono::duration_cast<std::chrono::milliseconds>(
                             deadline - std::chrono::steady_clock::now()));
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
+  if (o.monitor_interval) po.heartbeat_timeout = *o.monitor_interval;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
   // OpenMP's thread pool lives in the forking thread, and a child forked from a
   // thread that already ran a parallel region hangs in its first one.
-  PoolOutcome out = on_fresh_thread([&] {
+  return on_fresh_thread([&] {
     WorkerPool pool(po);
     const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local, job);
+      EnvList env = rank_environment(o, local, job, attempt);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -86,6 +88,12 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
     }
     return pool.wait();
   });  // the pool restored the parent's signal handlers here
+}
+
+/// Turns the pool's outcome into the launcher's exceptions. `what` names the
+/// launch in messages; `attempt` (0 first) is named when restarts were allowed.
+inline void throw_on_failure(const PoolOutcome& out, const LaunchOptions& o, const char* what,
+                             int attempt = 0) {
   if (out.interrupted_by != 0) {
     // Workers are stopped; now let the signal do what it would have done.
     std::raise(out.interrupted_by);
@@ -93,6 +101,9 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                 signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
                 " workers were stopped. Launch again when ready.");
   }
+  if (out.first_failure && o.max_restarts > 0)
+    throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary(),
+                      attempt + 1, o.max_restarts + 1);
   if (out.first_failure)
     throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary());
   if (out.timed_out) {
@@ -104,6 +115,13 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                        " still running; they were stopped. Raise the timeout or find why they "
                        "hang (ACCEL_DEBUG_MODE=yes checks the launch).");
   }
+}
+
+/// One attempt, its outcome turned into exceptions.
+template <class Body>
+void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                 const char* what, Body&& body) {
+  throw_on_failure(run_pool(o, deadline, 0, body), o, what);
 }
 
 }  // namespace detail::launch
@@ -118,6 +136,13 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
 /// message; past opts.timeout accel::TimeoutError. One process on one node
 /// runs fn in this process (no fork) with the same variables, restored after;
 /// an exception then arrives as LaunchError(0, ...) nesting the original.
+/// With opts.max_restarts = N > 0 (one node), a failure stops every worker
+/// and forks the whole group again, up to N times, each attempt with
+/// TORCHELASTIC_RESTART_COUNT = 0, 1, ... (accel::restart_count()) and a
+/// usable port; the failure of attempt N+1 is the LaunchError, "process R
+/// failed on attempt N+1 of N+1 (max_restarts = N): ...". With
+/// opts.monitor_interval a worker that stops heart-beating is killed as hung
+/// (a failure). With either, even one process is a forked worker.
 template <class F, class... Args>
 void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
   namespace dl = detail::launch;
@@ -126,6 +151,7 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
                         std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
   dl::validate(opts);
   std::optional<dl::RemoveAtExit> published;  // node 0's rendezvous file, removed when done
+  const bool any_port = opts.master_port == 0;
   if (opts.master_port == 0 && opts.num_nodes > 1) {
     opts.master_port = dl::agree_on_free_port(*opts.rendezvous_file, opts.node_rank,
                                               opts.master_addr, deadline);
@@ -134,7 +160,10 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     opts.master_port = dl::pick_free_port(opts.master_addr);
   }
 
-  if (opts.num_processes == 1 && opts.num_nodes == 1) {
+  // In this process unless a crash must be survivable (max_restarts) or a
+  // hang detectable (monitor_interval).
+  if (opts.num_processes == 1 && opts.num_nodes == 1 && opts.max_restarts == 0 &&
+      !opts.monitor_interval) {
     dl::EnvList env = dl::rank_environment(opts, 0);
     dl::ScopedEnv scoped_env(env);
     dl::ScopedThreads threads(dl::threads_per_worker(1));
@@ -163,8 +192,14 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     dl::run_workers(opts, deadline, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
                     [&](int local) { dl::check_worker_environment(opts, local); });
   }
-  dl::run_workers(opts, deadline, "notebook_launcher",
-                  [&](int) { std::apply(fn, std::move(args)); });
+  // Each attempt forks fresh workers from this process, so every attempt
+  // starts from the same state: what the workers did (moving the arguments
+  // out included) dies with them.
+  auto body = [&](int) { std::apply(fn, std::move(args)); };
+  const auto r = dl::run_elastic(opts, any_port, [&](const LaunchOptions& a, int attempt) {
+    return dl::run_pool(a, deadline, attempt, body);
+  });
+  dl::throw_on_failure(r.outcome, opts, "notebook_launcher", r.attempt);
 }
 
 /// The same as notebook_launcher: the name to use outside notebooks.

@@ -21,6 +21,7 @@
 #include <accel/detail/torch_version.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
+#include <accel/runtime/heartbeat.hpp>
 #include <accel/runtime/process_env.hpp>
 
 namespace accel::runtime {
@@ -80,6 +81,7 @@ class C10dWork final : public Work {
     }
     if (then_) then_();
     done_ = true;
+    heartbeat();  // progress, for the launcher's hang detection
   }
 
   bool is_completed() override { return done_ || work_->isCompleted(); }

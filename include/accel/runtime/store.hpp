@@ -27,6 +27,7 @@
 #include <accel/errors.hpp>
 #include <accel/runtime/detail/tcp_probe.hpp>
 #include <accel/runtime/process_env.hpp>
+#include <accel/runtime/restart_count.hpp>
 
 namespace accel::runtime {
 
@@ -34,7 +35,8 @@ struct StoreOptions {
   /// How long a rank waits for the master (and rank 0 for every rank to join).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   /// When set, a c10d FileStore at this path (shared file system) replaces
-  /// the TCP store; the file must not be left over from another job.
+  /// the TCP store; the file must not be left over from another job. After
+  /// a restart (restart_count() N > 0) the path gets ".restart<N>" appended.
   std::optional<std::string> file_path;
 };
 
@@ -199,6 +201,9 @@ inline void check_same_job(c10d::Store& store, const ProcessEnv& env, const std:
 /// options.file_path, a FileStore instead (no network).
 inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOptions options = {}) {
   if (options.file_path) {
+    // A restarted group (elastic launch) must not meet in the file of the
+    // attempt that failed: its counters and keys are stale.
+    if (const int n = restart_count(); n > 0) *options.file_path += ".restart" + std::to_string(n);
     try {
       auto store = c10::make_intrusive<c10d::FileStore>(*options.file_path, env.world_size);
       store->setTimeout(options.timeout);

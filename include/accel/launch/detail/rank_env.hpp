@@ -66,6 +66,15 @@ inline void validate(const LaunchOptions& o) {
               "address of node 0 (\"127.0.0.1\" on one machine).");
   ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
               " s. Give a positive timeout.");
+  ACCEL_CHECK(o.max_restarts >= 0, "accel: max_restarts is ", o.max_restarts,
+              ". Give 0 (a failure ends the launch) or the number of restarts allowed.");
+  ACCEL_CHECK(o.max_restarts == 0 || o.num_nodes == 1, "accel: max_restarts (", o.max_restarts,
+              ") with ", o.num_nodes, " nodes is not supported: a restart is decided on one "
+              "machine only. Use max_restarts with one node, or restart the launch of every node "
+              "from your job scheduler.");
+  ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
+              "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
+              " s. Give a positive number of seconds, or leave it unset (no hang detection).");
   if (o.mixed_precision) {
     const auto& m = *o.mixed_precision;
     ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
@@ -77,7 +86,10 @@ inline void validate(const LaunchOptions& o) {
 /// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
 /// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
 /// worker reaching another job's store leaves (runtime/store.hpp).
-inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {}) {
+/// restart: the attempt (TORCHELASTIC_RESTART_COUNT, 0 first), as torchrun sets
+/// it together with TORCHELASTIC_MAX_RESTARTS.
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {},
+                                int restart = 0) {
   EnvList env{
       {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
       {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
@@ -86,6 +98,8 @@ inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const st
       {"NODE_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
   if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
   if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);

@@ -6,7 +6,9 @@
 #ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
 #define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -127,6 +131,11 @@ struct PoolOptions {
   std::function<void(int rank, int stream, std::string_view line)> on_output;
   /// SIGINT/SIGTERM/SIGHUP to this process stop the workers and end wait().
   bool handle_signals = true;
+  /// Hang detection (LaunchOptions::monitor_interval): each worker gets a file
+  /// (ACCEL_HEARTBEAT_FILE) whose time runtime::heartbeat() advances. A worker
+  /// that has beaten and then does not for this long is killed (SIGKILL) and
+  /// counts as failed. Workers that never beat are never judged.
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
 };
 
 /// "[rank 3] " + line: the default prefix of forwarded output.
@@ -142,6 +151,7 @@ class WorkerPool {
   explicit WorkerPool(PoolOptions options = {})
       : options_(std::move(options)), start_(Clock::now()) {
     if (options_.handle_signals) signals_.emplace();
+    if (options_.heartbeat_timeout) make_heartbeat_dir();
     // With SIGCHLD ignored the kernel reaps children itself and waitpid could
     // not report how they ended: use the default while the pool lives.
     struct sigaction current {};
@@ -162,12 +172,18 @@ class WorkerPool {
     } catch (...) {
     }
     if (restore_sigchld_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+    if (!heartbeat_dir_.empty()) {
+      for (const auto& w : workers_)
+        if (!w.heartbeat.empty()) ::unlink(w.heartbeat.c_str());
+      ::rmdir(heartbeat_dir_.c_str());
+    }
   }
 
   /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
   /// exception, its what() goes to the parent and the exit status is 1. The
   /// child never returns into the caller and never runs atexit handlers.
-  pid_t spawn(int rank, const EnvList& env, std::function<void()> fn) {
+  pid_t spawn(int rank, const EnvList& given, std::function<void()> fn) {
+    const EnvList env = with_heartbeat(rank, given);
     return fork_worker(rank, [&](int err_fd) {
       for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
       int code = 0;
@@ -187,9 +203,10 @@ class WorkerPool {
 
   /// Forks a worker that execs argv (argv[0] searched in PATH) with this
   /// process's environment plus `env`. Exec failure: status 127 and a message.
-  pid_t spawn_exec(int rank, const EnvList& env, const std::vector<std::string>& argv) {
+  pid_t spawn_exec(int rank, const EnvList& given, const std::vector<std::string>& argv) {
     if (argv.empty())
       throw Error("accel: spawn_exec() got an empty command line. Pass the program to run first.");
+    const EnvList env = with_heartbeat(rank, given);
     // Everything is prepared before fork: the child only makes async-signal-safe calls.
     std::vector<std::string> envs;
     for (char** e = environ; e && *e; ++e) {
@@ -227,6 +244,7 @@ class WorkerPool {
       pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
       for (std::size_t i : reap())
         if (workers_[i].result.failed()) failed.push_back(i);
+      if (failed.empty() && options_.heartbeat_timeout) check_heartbeats();
       if (!failed.empty()) {
         settle(failed);
         stop_all();
@@ -299,7 +317,76 @@ class WorkerPool {
     WorkerResult result;
     Fd err, out, errout;  // parent's read ends: error report, captured stdout/stderr
     std::string err_text, out_buf, errout_buf;
+    std::string heartbeat;   ///< its ACCEL_HEARTBEAT_FILE, "" without hang detection
+    timespec created{};      ///< the file's time before the worker started
+    bool beating = false;    ///< it has beaten at least once
+    double hung_for = 0;     ///< > 0: killed as hung after this many seconds without a beat
   };
+
+  using RealClock = std::chrono::system_clock;
+
+  void make_heartbeat_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                          "/accel-heartbeat-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw Error(std::string("accel: cannot create a directory for the heartbeat files of hang "
+                              "detection (") + std::strerror(errno) + "). Set TMPDIR to a "
+                  "writable directory, or launch without a monitor interval.");
+    heartbeat_dir_ = pattern;
+  }
+
+  /// env plus this worker's heartbeat file (created now, its time remembered).
+  EnvList with_heartbeat(int rank, const EnvList& env) {
+    pending_heartbeat_.clear();
+    if (heartbeat_dir_.empty()) return env;
+    const std::string path = heartbeat_dir_ + "/rank_" + std::to_string(rank) + "_" +
+                             std::to_string(workers_.size());
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      const int e = errno;
+      if (fd >= 0) ::close(fd);
+      throw Error("accel: cannot create the heartbeat file '" + path + "' (" + std::strerror(e) +
+                  "). Set TMPDIR to a writable directory, or launch without a monitor interval.");
+    }
+    ::close(fd);
+    pending_heartbeat_ = path;
+    pending_created_ = st.st_mtim;
+    EnvList out = env;
+    out.emplace_back("ACCEL_HEARTBEAT_FILE", path);
+    return out;
+  }
+
+  /// Kills the worker that has gone longest without a beat, if that is more
+  /// than the timeout (one at a time: the others, blocked in a collective
+  /// with it, stop beating too, and are the ones that failed because of it).
+  void check_heartbeats() {
+    const auto now = Clock::now();
+    if (now - last_heartbeat_check_ < std::chrono::milliseconds(100)) return;
+    last_heartbeat_check_ = now;
+    const double limit = std::chrono::duration<double>(*options_.heartbeat_timeout).count();
+    const double wall = std::chrono::duration<double>(RealClock::now().time_since_epoch()).count();
+    Worker* worst = nullptr;
+    double worst_age = limit;
+    for (auto& w : workers_) {
+      if (w.result.status != WorkerStatus::Running || w.heartbeat.empty() || w.hung_for > 0) continue;
+      struct stat st {};
+      if (::stat(w.heartbeat.c_str(), &st) != 0) continue;
+      if (!w.beating) {
+        w.beating = st.st_mtim.tv_sec != w.created.tv_sec || st.st_mtim.tv_nsec != w.created.tv_nsec;
+        if (!w.beating) continue;
+      }
+      const double age = wall - (static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9);
+      if (age > worst_age) {
+        worst = &w;
+        worst_age = age;
+      }
+    }
+    if (worst == nullptr) return;
+    worst->hung_for = worst_age;
+    if (::kill(-worst->result.pid, SIGKILL) != 0) ::kill(worst->result.pid, SIGKILL);
+  }
 
   static void report(int fd, const char* what) noexcept {
     std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
@@ -365,6 +452,8 @@ class WorkerPool {
     w.result.rank = rank;
     w.result.pid = pid;
     w.err = std::move(err.read);
+    w.heartbeat = std::move(pending_heartbeat_);
+    w.created = pending_created_;
     if (out) {
       w.out = std::move(out->read);
       w.errout = std::move(errout->read);
@@ -491,6 +580,16 @@ class WorkerPool {
         r.message = "exited with status " + std::to_string(r.code);
       }
       if (stopping_ && r.status == WorkerStatus::Exited) r.status = WorkerStatus::Stopped;
+    } else if (WIFSIGNALED(st) && w.hung_for > 0) {
+      r.code = WTERMSIG(st);
+      r.status = WorkerStatus::Signaled;  // a failure of its own, even if a stop began since
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", w.hung_for);
+      r.message = std::string("made no progress (no heartbeat) for ") + secs +
+                  " s, more than the monitor interval of " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                     *options_.heartbeat_timeout).count()) +
+                  " s; it was killed as hung";
     } else if (WIFSIGNALED(st)) {
       r.code = WTERMSIG(st);
       r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
@@ -505,6 +604,10 @@ class WorkerPool {
   std::vector<Worker> workers_;
   bool stopping_ = false;
   bool restore_sigchld_ = false;
+  std::string heartbeat_dir_;       ///< "" without hang detection
+  std::string pending_heartbeat_;   ///< with_heartbeat() -> fork_worker()
+  timespec pending_created_{};
+  Clock::time_point last_heartbeat_check_{};
   struct sigaction old_sigchld_ {};
 };
 
