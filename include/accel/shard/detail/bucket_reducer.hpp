@@ -26,18 +26,17 @@ namespace accel::shard::detail {
 class BucketReducer final : public GradientSync, private BucketReduction {
  public:
   /// overlap: start a bucket's all-reduce from backward once it is full;
-  /// otherwise all of them in finalize(), after backward.
+  /// otherwise all of them in finalize(), after backward. sync_now: see GradientSync.
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes, bool overlap = true)
-      : params_(std::move(params)), comm_(std::move(comm)),
+                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
         plan_(plan_buckets(params_, bucket_bytes)), overlap_(overlap),
-        round_(params_, *this, RoundOptions{.overlap = overlap}) {
+        round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
     for (std::size_t b = 0; b < plan_.size(); ++b)
       buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
     round_.set_plan(plan_);
   }
 
-  void set_sync_enabled(bool enabled) override { round_.set_enabled(enabled); }
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
 

@@ -18,6 +18,7 @@
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/accumulator_hooks.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
+#include <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::shard::detail {
 
@@ -59,8 +60,10 @@ struct RoundOptions {
 /// first, while the reducer it calls still exists.
 class BucketRound {
  public:
-  BucketRound(std::vector<torch::Tensor> params, BucketReduction& reduction, RoundOptions options)
-      : reduction_(reduction), options_(options), ready_(params.size(), false) {
+  /// sync: whose sync_now() says whether this backward communicates.
+  BucketRound(std::vector<torch::Tensor> params, BucketReduction& reduction, const GradientSync& sync,
+              RoundOptions options)
+      : reduction_(reduction), sync_(sync), options_(options), ready_(params.size(), false) {
     hooks_.emplace(
         std::move(params), [this](std::size_t k) { before_accumulate(k); },
         [this](std::size_t k) { on_ready(k); }, alive_);
@@ -85,8 +88,6 @@ class BucketRound {
     reset();
   }
 
-  /// false on the non-sync micro-steps of accumulate(): no communication at all.
-  void set_enabled(bool enabled) { enabled_ = enabled; }
   /// Before each forward: hook accumulators that Module::load replaced.
   void refresh_hooks() { hooks_->refresh(); }
 
@@ -124,11 +125,11 @@ class BucketRound {
   // autograd adds into a bucket whose reduction may still run (the average of
   // averages is still the average); the hook then starts a new round.
   void before_accumulate(std::size_t k) {
-    if (enabled_ && ready_[k]) close();
+    if (sync_.sync_now() && ready_[k]) close();
   }
 
   void on_ready(std::size_t k) {
-    if (!enabled_) return;
+    if (!sync_.sync_now()) return;  // a non-sync micro-step: no communication at all
     started_ = true;
     ready_[k] = true;
     reduction_.take_gradient(k);
@@ -159,6 +160,7 @@ class BucketRound {
   }
 
   BucketReduction& reduction_;
+  const GradientSync& sync_;
   RoundOptions options_;
   std::vector<std::size_t> bucket_of_;              ///< per parameter
   std::vector<std::vector<std::size_t>> params_of_;  ///< per bucket
@@ -168,7 +170,6 @@ class BucketRound {
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
   int64_t rounds_ = 0;
-  bool enabled_ = true;
   bool started_ = false;
   std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
   std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it

@@ -44,16 +44,15 @@ namespace accel::shard::detail {
 class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
  public:
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-              int64_t bucket_bytes, bool shard_gradients)
-      : params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
-        round_(params_, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
   }
 
-  void set_sync_enabled(bool enabled) override { round_.set_enabled(enabled); }
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
 
