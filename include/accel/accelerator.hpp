@@ -59,9 +59,8 @@ std::vector<torch::Tensor> parameters_of(T&& params) {
 template <class Backend = backend::SingleDevice, class Precision = precision::Fp32,
           class Shard = shard::Replicate>
 class Accelerator {
-  // The checks' own static_asserts carry the messages; this one instantiates them.
-  static_assert(check_accelerator_policies<Backend, Precision, Shard>::value,
-                "accel: invalid Accelerator<Backend, Precision, Shard>; see the message above.");
+  // Instantiates the checks: their own static_asserts carry the messages.
+  static_assert(check_accelerator_policies<Backend, Precision, Shard>::checked);
 
  public:
   using backend_type = Backend;
@@ -144,11 +143,12 @@ class Accelerator {
 
   class AccumulateGuard {
    public:
-    AccumulateGuard(shard::detail::GradientSync& sync, bool sync_now) : sync_(&sync) {
-      sync_->set_sync_enabled(sync_now);
+    // The model follows TrainingState::sync_gradients while the guard lives.
+    explicit AccumulateGuard(shard::detail::GradientSync& sync) : sync_(&sync) {
+      sync_->set_accumulating(true);
     }
     ~AccumulateGuard() {
-      if (sync_) sync_->set_sync_enabled(true);
+      if (sync_) sync_->set_accumulating(false);
     }
     AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
     AccumulateGuard(const AccumulateGuard&) = delete;
@@ -174,7 +174,7 @@ class Accelerator {
       sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
     }
     state_->sync_gradients = sync;
-    return AccumulateGuard(model.gradient_sync(), sync);
+    return AccumulateGuard(model.gradient_sync());
   }
 
   bool sync_gradients() const { return state_->sync_gradients; }
@@ -187,7 +187,7 @@ class Accelerator {
   double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
     if (!state_->sync_gradients) return 0.0;
     // Under ShardGradients: this rank's partitions, the norm reduced across ranks.
-    auto t = shard::detail::clip_targets(state_->syncs,
+    auto t = shard::detail::clip_targets(state_->sharded,
                                          detail::parameters_of(std::forward<Params>(params)));
     prepare_gradients_for_clipping(t.tensors);
     return shard::detail::clip_grad_norm(t, max_norm, norm_type);
@@ -196,7 +196,7 @@ class Accelerator {
   template <class Params>
   void clip_grad_value_(Params&& params, double clip_value) {
     if (!state_->sync_gradients) return;
-    auto t = shard::detail::clip_targets(state_->syncs,
+    auto t = shard::detail::clip_targets(state_->sharded,
                                          detail::parameters_of(std::forward<Params>(params)));
     prepare_gradients_for_clipping(t.tensors);
     shard::detail::clip_grad_value(t, clip_value);
@@ -464,7 +464,7 @@ class Accelerator {
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
       if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
         if (state_->comm->size() > 1)
-          prepared.set_partition(shard::detail::bind_optimizer(state_->syncs, *opt));
+          prepared.set_partition(shard::detail::bind_optimizer(state_->sharded, *opt));
       return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
@@ -489,12 +489,16 @@ class Accelerator {
       for (auto& p : module->parameters())
         if (p.requires_grad()) trainable.push_back(p);
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-      if constexpr (Shard::shards_optimizer_state)
-        sync = std::make_shared<shard::detail::ZeroReducer>(std::move(trainable), state_->comm,
-                                                            bucket_bytes, Shard::shards_gradients);
-      else
-        sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
-                                                              bucket_bytes, overlap_gradient_sync());
+      auto sync_now = detail::TrainingState::sync_flag(state_);
+      if constexpr (Shard::shards_optimizer_state) {
+        auto zero = std::make_shared<shard::detail::ZeroReducer>(
+            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now);
+        state_->sharded.push_back(zero);
+        sync = std::move(zero);
+      } else {
+        sync = std::make_shared<shard::detail::BucketReducer>(
+            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now);
+      }
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }
@@ -550,25 +554,10 @@ class Accelerator {
   void install_loss_scaler() {
     scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
     scaler_->set_comm_device(state_->comm->device());
-    std::weak_ptr<precision::LossScaler> weak = scaler_;
-    auto comm = state_->comm;
     // The prepared optimizer shares the training state, not the Accelerator:
-    // it may outlive the loss scaler.
-    const auto scaler_of = [](const std::weak_ptr<precision::LossScaler>& w) {
-      auto s = w.lock();
-      ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
-                  "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
-                  "alive while you train with what it prepared.");
-      return s;
-    };
-    state_->before_step = [weak, comm, scaler_of](torch::optim::Optimizer& opt) {
-      auto s = scaler_of(weak);
-      std::vector<torch::Tensor> params;
-      for (auto& g : opt.param_groups())
-        for (auto& p : g.params()) params.push_back(p);
-      return !s->unscale(params, *comm);
-    };
-    state_->after_step = [weak, scaler_of](bool) { scaler_of(weak)->update(); };
+    // it may outlive the loss scaler (TrainingState::before_step says so).
+    state_->scaler = scaler_;
+    state_->loss_scaling = true;
   }
 
   // Object collectives (see the block above): the trigger flag and the

@@ -66,12 +66,6 @@ struct PolicyChoice {
 
 namespace detail {
 
-/// Valid without firing the diagnostics: what check_accelerator_policies
-/// accepts, for use as a filter.
-template <class B, class P, class S>
-inline constexpr bool policies_compatible_v =
-    B::available && (B::multi_process || !(S::shards_optimizer_state || S::shards_gradients));
-
 /// std::tuple<E...> -> hana::tuple_t<E...>: users list policies as std::tuple.
 template <class Tuple>
 struct hana_types;
@@ -112,7 +106,7 @@ void dispatch_accelerator(const PolicyChoice& choice, F&& fn, AcceleratorOptions
         using B = typename decltype(+hana::at_c<0>(combo))::type;
         using P = typename decltype(+hana::at_c<1>(combo))::type;
         using S = typename decltype(+hana::at_c<2>(combo))::type;
-        return hana::bool_c<detail::policies_compatible_v<B, P, S>>;
+        return hana::bool_c<accelerator_policies_valid_v<B, P, S>>;
       });
   bool called = false;
   std::ostringstream available;

@@ -15,6 +15,7 @@
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
 
+#include <accel/detail/dependent_false.hpp>
 #include <accel/data.hpp>
 #include <accel/prepared/model.hpp>
 #include <accel/prepared/optimizer.hpp>
@@ -58,9 +59,6 @@ consteval PrepareKind prepare_kind() {
 /// accel::data::make_data_loader or a torch::optim::LRScheduler at that position.
 template <std::size_t Position, class T>
 struct prepare_argument_is_not_a_model_optimizer_loader_or_scheduler;
-
-template <class...>
-inline constexpr bool dependent_false = false;
 
 template <std::size_t Position, class T, PrepareKind K = prepare_kind<T>()>
 struct prepared_type {

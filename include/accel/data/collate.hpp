@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include <accel/detail/dependent_false.hpp>
+
 namespace accel::data {
 namespace detail {
 
@@ -22,13 +24,10 @@ struct is_std_vector : std::false_type {};
 template <class T, class A>
 struct is_std_vector<std::vector<T, A>> : std::true_type {};
 
-template <class>
-inline constexpr bool always_false_v = false;
-
 // Collated<T>::apply(samples) stacks one field of every sample.
 template <class T, class = void>
 struct Collated {
-  static_assert(always_false_v<T>,
+  static_assert(accel::detail::dependent_false<T>,
                 "accel: the default collate cannot stack this sample type (it stacks torch::Tensor, "
                 "arithmetic values, torch::data::Example, std::pair and std::tuple of those). Pass "
                 "your own collate to make_data_loader(dataset, options, collate).");

@@ -1,18 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::detail::TrainingState, the state an Accelerator shares
-/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr).
+/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr),
+/// and the step protocol they follow around every optimizer step.
 #ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include <accel/errors.hpp>
+#include <accel/precision/loss_scaler.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
+
+namespace accel::shard::detail {
+class ZeroReducer;
+}  // namespace accel::shard::detail
 
 namespace accel::detail {
 
@@ -20,20 +26,53 @@ struct TrainingState {
   std::shared_ptr<runtime::Communicator> comm;
   torch::Device device{torch::kCPU};
   int gradient_accumulation_steps = 1;
-  bool sync_gradients = true;     ///< false on the non-sync micro-steps of accumulate()
+  /// The one "synchronise gradients now" flag: false on the non-sync
+  /// micro-steps of accumulate(); gradient syncs read it (sync_flag()).
+  bool sync_gradients = true;
   int64_t micro_step = 0;         ///< counts accumulate() entries (Accelerate's `step`)
   int64_t optimizer_steps = 0;    ///< optimizer steps that really happened
   bool last_step_skipped = false; ///< the last AcceleratedOptimizer::step() did not update
   std::vector<std::shared_ptr<shard::detail::GradientSync>> syncs;  ///< one per prepared model
-  /// Precision hook run before an optimizer step (Fp16: unscale, agree on
-  /// inf/NaN); returns false when the step must be skipped on every rank.
-  std::function<bool(torch::optim::Optimizer&)> before_step;
-  /// Precision hook run after a step attempt (Fp16: update the scale).
-  std::function<void(bool stepped)> after_step;
+  /// The sharded models' reducers (also in syncs): where an optimizer or a
+  /// clip finds the model that owns its parameters.
+  std::vector<std::shared_ptr<shard::detail::ZeroReducer>> sharded;
+  /// precision::Fp16's loss scaler. The Accelerator owns it; a prepared
+  /// optimizer may outlive the Accelerator, and must then say so.
+  std::weak_ptr<precision::LossScaler> scaler;
+  bool loss_scaling = false;
+
+  /// sync_gradients, shared with the gradient syncs of prepared models.
+  static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {
+    return std::shared_ptr<const bool>(self, &self->sync_gradients);
+  }
 
   /// Every gradient averaged and ready for the optimizer or for clipping.
   void finalize_gradients() {
     for (auto& s : syncs) s->finalize();
+  }
+
+  /// Before an optimizer step (Fp16: unscale the optimizer's gradients once,
+  /// agree on inf/NaN across ranks); false when every rank must skip it.
+  bool before_step(torch::optim::Optimizer& opt) {
+    if (!loss_scaling) return true;
+    std::vector<torch::Tensor> params;
+    for (auto& g : opt.param_groups())
+      for (auto& p : g.params()) params.push_back(p);
+    return !live_scaler()->unscale(params, *comm);
+  }
+
+  /// After a step attempt (Fp16: grow or back off the scale).
+  void after_step(bool /*stepped*/) {
+    if (loss_scaling) live_scaler()->update();
+  }
+
+ private:
+  std::shared_ptr<precision::LossScaler> live_scaler() const {
+    auto s = scaler.lock();
+    ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
+                "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
+                "alive while you train with what it prepared.");
+    return s;
   }
 };
 

@@ -36,11 +36,11 @@ class AcceleratedOptimizer {
       return {};
     }
     state_->finalize_gradients();
-    const bool ok = state_->before_step ? state_->before_step(*opt_) : true;
+    const bool ok = state_->before_step(*opt_);
     torch::Tensor loss;
     if (ok) loss = opt_->step(std::move(closure));
     if (partition_) partition_->after_step(ok);
-    if (state_->after_step) state_->after_step(ok);
+    state_->after_step(ok);
     skipped_ = !ok;
     state_->last_step_skipped = !ok;
     if (ok) ++state_->optimizer_steps;

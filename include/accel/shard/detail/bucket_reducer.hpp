@@ -7,124 +7,59 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include <accel/runtime/communicator.hpp>
-#include <accel/shard/detail/accumulator_hooks.hpp>
+#include <accel/shard/detail/bucket_plan.hpp>
+#include <accel/shard/detail/bucket_round.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::shard::detail {
 
-/// Gradients live in a few flat buffers (buckets) that are allocated once and
-/// reused every step: each parameter's .grad is re-pointed at its slice, so
-/// autograd accumulates straight into the buffer and no copy is needed after
-/// the first step. Buckets hold parameters in reverse registration order
-/// (roughly the order backward produces them) and are all-reduced strictly in
-/// index order, so every rank issues the same sequence of collectives even
-/// when their gradients become ready in different orders.
-class BucketReducer final : public GradientSync {
+/// Gradients live in a few flat buffers (buckets, planned by plan_buckets)
+/// that are allocated once and reused every step: each parameter's .grad is
+/// re-pointed at its slice, so autograd accumulates straight into the buffer
+/// and no copy is needed after the first step. BucketRound decides when each
+/// bucket is all-reduced.
+class BucketReducer final : public GradientSync, private BucketReduction {
  public:
   /// overlap: start a bucket's all-reduce from backward once it is full;
-  /// otherwise all of them in finalize(), after backward.
+  /// otherwise all of them in finalize(), after backward. sync_now: see GradientSync.
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes, bool overlap = true)
-      : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
-    build_buckets(bucket_bytes);
-    hooks_.emplace(
-        params_, [this](std::size_t k) { before_accumulate(k); },
-        [this](std::size_t k) { on_grad_ready(k); }, alive_);
-  }
-  BucketReducer(const BucketReducer&) = delete;
-  BucketReducer& operator=(const BucketReducer&) = delete;
-  ~BucketReducer() override {
-    // Hooks capture `this`: they must never run after destruction.
-    *alive_ = false;
-    try {
-      wait_launched();
-    } catch (...) {
-    }
+                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
+        plan_(plan_buckets(params_, bucket_bytes)), overlap_(overlap),
+        round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
+    for (std::size_t b = 0; b < plan_.size(); ++b)
+      buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
+    round_.set_plan(plan_);
   }
 
-  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
-  void before_forward() override { hooks_->refresh(); }
+  void before_forward() override { round_.refresh_hooks(); }
+  void finalize() override { round_.close(); }
 
-  void finalize() override {
-    if (!round_started_) return;
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) fill_missing(b);
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
-    launch_ready();
-    wait_launched();
-    reset_round();
-  }
-
-  std::size_t num_buckets() const { return buckets_.size(); }
+  std::size_t num_buckets() const { return plan_.size(); }
   bool overlaps() const { return overlap_; }
-  /// Number of buckets whose all-reduce was started from a backward hook in
-  /// the last round (the overlap that happened); exposed for tests/benchmarks.
-  std::size_t launched_during_backward() const { return launched_in_hooks_; }
+  /// Buckets whose all-reduce was started from a backward hook (the overlap
+  /// that happened); exposed for tests/benchmarks.
+  std::size_t launched_during_backward() const { return round_.launched_during_backward(); }
 
  private:
-  struct Slot {
-    std::size_t bucket;
-    int64_t offset;
-  };
-  struct Bucket {
-    torch::Tensor buffer;
-    std::vector<std::size_t> params;
-    std::size_t pending = 0;
-    std::shared_ptr<runtime::Work> work;
-  };
-
-  void build_buckets(int64_t bucket_bytes) {
-    slots_.resize(params_.size());
-    ready_.assign(params_.size(), false);
-    // Reverse order; a new bucket when the dtype/device changes or it is full.
-    std::vector<std::vector<std::size_t>> groups;
-    int64_t bytes = 0;
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const auto& p = params_[k];
-      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
-      if (!start) {
-        const auto& q = params_[groups.back().front()];
-        start = q.scalar_type() != p.scalar_type() || q.device() != p.device();
-      }
-      if (start) {
-        groups.emplace_back();
-        bytes = 0;
-      }
-      groups.back().push_back(k);
-      bytes += static_cast<int64_t>(p.nbytes());
-    }
-    for (auto& g : groups) {
-      Bucket b;
-      int64_t numel = 0;
-      for (auto k : g) {
-        slots_[k] = Slot{buckets_.size(), numel};
-        numel += params_[k].numel();
-      }
-      b.buffer = torch::zeros({numel}, params_[g.front()].options().requires_grad(false));
-      b.params = std::move(g);
-      b.pending = b.params.size();
-      buckets_.push_back(std::move(b));
-    }
+  std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
+    if (comm_->size() == 1) return nullptr;
+    buffers_[b].mul_(1.0 / comm_->size());
+    return comm_->all_reduce(buffers_[b], runtime::ReduceOp::Sum);
   }
 
-  // A tensor sharing the bucket's storage that is NOT an autograd view, so
-  // LibTorch's zero_grad (detach_ + zero_) and in-place accumulation keep it.
-  torch::Tensor slice_for(std::size_t k) const {
-    const auto& p = params_[k];
-    const auto& buf = buckets_[slots_[k].bucket].buffer;
-    return torch::empty({0}, buf.options())
-        .set_(buf.storage(), buf.storage_offset() + slots_[k].offset, p.sizes(),
-              c10::contiguous_strides(p.sizes()));
-  }
-
-  void adopt_grad(std::size_t k) {
+  // Points .grad at the parameter's slice of its bucket (autograd then adds
+  // into the bucket); a parameter without a gradient contributes its current
+  // value (zero after zero_grad).
+  void take_gradient(std::size_t k) override {
+    const auto& slot = plan_.slots[k];
     auto& grad = params_[k].mutable_grad();
-    auto slice = slice_for(k);
+    auto slice = storage_alias(buffers_[slot.bucket], slot.offset, params_[k].sizes());
     if (grad.defined() && grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;
     torch::NoGradGuard no_grad;
     if (grad.defined())
@@ -134,70 +69,12 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
-  // A second backward before the optimizer step: finish the first round
-  // before autograd adds into a bucket whose all-reduce may still run (the
-  // average of averages is still the average), then start a new one.
-  void before_accumulate(std::size_t k) {
-    if (enabled_ && ready_[k]) finalize();
-  }
-
-  void on_grad_ready(std::size_t k) {
-    if (!enabled_) return;
-    round_started_ = true;
-    ready_[k] = true;
-    adopt_grad(k);
-    auto& b = buckets_[slots_[k].bucket];
-    if (--b.pending == 0 && overlap_) {
-      std::size_t before = next_launch_;
-      launch_ready();
-      launched_in_hooks_ += next_launch_ - before;
-    }
-  }
-
-  void fill_missing(std::size_t b) {
-    for (auto k : buckets_[b].params)
-      if (!ready_[k]) adopt_grad(k);  // no gradient this round: contributes its current value (zero after zero_grad)
-  }
-
-  void launch_ready() {
-    const double inv_world = 1.0 / comm_->size();
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-      auto& b = buckets_[next_launch_++];
-      if (comm_->size() > 1) {
-        b.buffer.mul_(inv_world);
-        b.work = comm_->all_reduce(b.buffer, runtime::ReduceOp::Sum);
-      }
-    }
-  }
-
-  void wait_launched() {
-    for (auto& b : buckets_) {
-      if (b.work) {
-        auto w = std::move(b.work);
-        w->wait();
-      }
-    }
-  }
-
-  void reset_round() {
-    for (auto& b : buckets_) b.pending = b.params.size();
-    std::fill(ready_.begin(), ready_.end(), false);
-    next_launch_ = 0;
-    round_started_ = false;
-  }
-
   std::vector<torch::Tensor> params_;
   std::shared_ptr<runtime::Communicator> comm_;
-  std::vector<Slot> slots_;
-  std::vector<Bucket> buckets_;
-  std::vector<bool> ready_;
-  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
-  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
-  std::size_t next_launch_ = 0;
-  std::size_t launched_in_hooks_ = 0;
+  BucketPlan plan_;
+  std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
   bool overlap_;
-  bool enabled_ = true;
-  bool round_started_ = false;
+  BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
 }  // namespace accel::shard::detail

@@ -4,6 +4,8 @@
 #ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 #define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -12,9 +14,18 @@ namespace accel::shard::detail {
 
 class GradientSync {
  public:
+  /// sync_now: the Accelerator's one "synchronise gradients now" flag
+  /// (TrainingState::sync_gradients, false on the non-sync micro-steps of
+  /// accumulate()); null: always.
+  explicit GradientSync(std::shared_ptr<const bool> sync_now = nullptr) : sync_now_(std::move(sync_now)) {}
   virtual ~GradientSync() = default;
-  /// false on the non-sync micro-steps of accumulate(): no communication at all.
-  virtual void set_sync_enabled(bool enabled) = 0;
+
+  /// Inside accumulate(model) the model follows the sync flag; outside it,
+  /// every backward synchronises.
+  void set_accumulating(bool accumulating) { accumulating_ = accumulating; }
+  /// Whether this backward communicates: no communication at all otherwise.
+  bool sync_now() const { return !accumulating_ || sync_now_ == nullptr || *sync_now_; }
+
   /// Starts what backward did not start (buckets of parameters that got no
   /// gradient), waits for everything in flight: afterwards every gradient on
   /// this rank is the average over ranks.
@@ -22,6 +33,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+
+ private:
+  std::shared_ptr<const bool> sync_now_;
+  bool accumulating_ = false;
 };
 
 /// What a sharded model's policy does around the optimizer whose parameters
@@ -40,7 +55,6 @@ class OptimizerPartition {
 /// The policy for one process: gradients are already complete.
 class NoSync final : public GradientSync {
  public:
-  void set_sync_enabled(bool) override {}
   void finalize() override {}
 };
 

@@ -19,22 +19,24 @@
 
 namespace accel::shard::detail {
 
+/// The reducers of the prepared sharded models (TrainingState::sharded).
+using ZeroReducers = std::vector<std::shared_ptr<ZeroReducer>>;
+
 /// The sharded model (among the prepared ones) whose parameter `p` is, or null.
-inline std::shared_ptr<ZeroReducer> find_zero_reducer(
-    const std::vector<std::shared_ptr<GradientSync>>& syncs, const torch::Tensor& p) {
-  for (const auto& s : syncs)
-    if (auto z = std::dynamic_pointer_cast<ZeroReducer>(s); z && z->owns(p)) return z;
+inline std::shared_ptr<ZeroReducer> find_zero_reducer(const ZeroReducers& sharded, const torch::Tensor& p) {
+  for (const auto& z : sharded)
+    if (z->owns(p)) return z;
   return nullptr;
 }
 
 /// Rebinds `opt` to the partitions of the prepared model that owns its
 /// parameters; the returned partition gathers updates and zeroes gradients.
-inline std::shared_ptr<OptimizerPartition> bind_optimizer(
-    const std::vector<std::shared_ptr<GradientSync>>& syncs, torch::optim::Optimizer& opt) {
+inline std::shared_ptr<OptimizerPartition> bind_optimizer(const ZeroReducers& sharded,
+                                                          torch::optim::Optimizer& opt) {
   std::shared_ptr<ZeroReducer> owner;
   for (auto& g : opt.param_groups())
     for (auto& p : g.params())
-      if (!owner) owner = find_zero_reducer(syncs, p);
+      if (!owner) owner = find_zero_reducer(sharded, p);
   ACCEL_CHECK(owner != nullptr, "accel: under a shard policy an optimizer must be prepared after "
               "the model whose parameters it holds (no prepared model owns this optimizer's "
               "parameters). Pass the model before the optimizer to prepare(), or prepare the "
@@ -52,13 +54,12 @@ struct ClipTargets {
   int64_t param_count = 0;                       ///< for norm_type 0 (count of gradients)
 };
 
-inline ClipTargets clip_targets(const std::vector<std::shared_ptr<GradientSync>>& syncs,
-                                std::vector<torch::Tensor> params) {
+inline ClipTargets clip_targets(const ZeroReducers& sharded, std::vector<torch::Tensor> params) {
   ClipTargets t;
   t.param_count = static_cast<int64_t>(params.size());
   std::shared_ptr<ZeroReducer> owner;
   for (const auto& p : params)
-    if (auto z = find_zero_reducer(syncs, p); z && z->shards_gradients()) {
+    if (auto z = find_zero_reducer(sharded, p); z && z->shards_gradients()) {
       owner = z;
       break;
     }

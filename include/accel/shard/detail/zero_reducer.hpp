@@ -15,17 +15,11 @@
 
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
-#include <accel/shard/detail/accumulator_hooks.hpp>
+#include <accel/shard/detail/bucket_plan.hpp>
+#include <accel/shard/detail/bucket_round.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::shard::detail {
-
-/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
-/// autograd view: zero_grad, set_data and optimizers treat it as a leaf.
-inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  return torch::empty({0}, base.options().requires_grad(false))
-      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-}
 
 /// Parameters are grouped into buckets as in BucketReducer (reverse
 /// registration order, one dtype and one optimizer parameter group per
@@ -47,47 +41,20 @@ inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at
 /// transient memory is about two buckets plus the gradients of the bucket
 /// being filled. (On the non-sync micro-steps of accumulate() the full
 /// gradients accumulate locally, as without sharding.)
-class ZeroReducer final : public GradientSync, public OptimizerPartition {
+class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
  public:
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-              int64_t bucket_bytes, bool shard_gradients)
-      : params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
+              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        // ZeRO-2 bounds its staging memory: at most two buckets in flight.
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    hooks_.emplace(
-        params_, [this](std::size_t k) { before_accumulate(k); },
-        [this](std::size_t k) { on_grad_ready(k); }, alive_);
-  }
-  ZeroReducer(const ZeroReducer&) = delete;
-  ZeroReducer& operator=(const ZeroReducer&) = delete;
-  ~ZeroReducer() override {
-    *alive_ = false;  // hooks capture `this`
-    try {
-      complete_all();
-    } catch (...) {
-    }
   }
 
-  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
-  void before_forward() override { hooks_->refresh(); }
-
-  void finalize() override {
-    reattach_parameters();
-    if (!round_started_) return;
-    if (!shard_gradients_)
-      for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
-        for (auto k : buckets_[b].params)
-          if (!ready_[k]) adopt_grad(k);  // no gradient this round: its current value (zero after zero_grad)
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
-    launch_ready();
-    complete_all();
-    for (auto& b : buckets_) b.pending = b.params.size();
-    std::fill(ready_.begin(), ready_.end(), false);
-    next_launch_ = 0;
-    round_started_ = false;
-    ++rounds_;
-  }
+  void before_forward() override { round_.refresh_hooks(); }
+  void finalize() override { round_.close(); }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -147,7 +114,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
                   "only what the optimizer holds. Add it to the optimizer, or call "
                   "requires_grad_(false) on it before prepare().");
     if (group_of != group_of_) {
-      ACCEL_CHECK(rounds_ == 0 && !round_started_, "accel: the optimizer was prepared after a "
+      ACCEL_CHECK(round_.rounds() == 0 && !round_.started(), "accel: the optimizer was prepared after a "
                   "backward under a shard policy. Prepare the model and its optimizer before "
                   "training (in the same prepare() call).");
       build_layout(group_of);
@@ -189,66 +156,36 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   }
 
  private:
-  struct Slot {
-    std::size_t bucket;
-    int64_t offset;
-    std::vector<int64_t> shape;  ///< the parameter's shape when it moved into the bucket
-  };
   struct Bucket {
-    std::vector<std::size_t> params;
     int group = 0;
     int64_t chunk = 0;    ///< padded numel / world
     torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
     torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
-    std::size_t pending = 0;
-    std::shared_ptr<runtime::Work> work;
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
   };
 
   void build_layout(const std::vector<int>& group_of) {
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    std::vector<std::vector<std::size_t>> groups;
-    int64_t bytes = 0;
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const auto& p = params_[k];
-      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes_;
-      if (!start) {
-        auto q_index = groups.back().front();
-        const auto& q = params_[q_index];
-        start = q.scalar_type() != p.scalar_type() || q.device() != p.device() ||
-                group_of[q_index] != group_of[k];
-      }
-      if (start) {
-        groups.emplace_back();
-        bytes = 0;
-      }
-      groups.back().push_back(k);
-      bytes += static_cast<int64_t>(p.nbytes());
-    }
+    plan_ = plan_buckets(params_, bucket_bytes_, group_of);
     std::vector<Bucket> buckets;
-    slots_.assign(params_.size(), Slot{0, 0, {}});
-    for (auto& g : groups) {
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      const auto& members = plan_.buckets[i];
       Bucket b;
-      int64_t numel = 0;
-      for (auto k : g) {
-        slots_[k] = Slot{buckets.size(), numel, params_[k].sizes().vec()};
-        numel += params_[k].numel();
-      }
-      b.group = group_of[g.front()];
-      b.chunk = (numel + world_ - 1) / world_;
-      const auto opts = params_[g.front()].options().requires_grad(false);
+      b.group = group_of[members.front()];
+      b.chunk = (plan_.numel[i] + world_ - 1) / world_;
+      const auto opts = params_[members.front()].options().requires_grad(false);
       b.flat = torch::zeros({b.chunk * world_}, opts);
       if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
-      for (auto k : g) {
+      for (auto k : members) {
         auto& p = params_[k];
-        auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+        auto slice = storage_alias(b.flat, plan_.slots[k].offset, p.sizes());
         slice.copy_(p.detach());
         auto old_grad = p.grad();
         p.set_data(slice);  // the module's parameter now lives in the bucket
         if (!shard_gradients_ && old_grad.defined()) {
-          auto gslice = storage_alias(b.grad, slots_[k].offset, p.sizes());
+          auto gslice = storage_alias(b.grad, plan_.slots[k].offset, p.sizes());
           gslice.copy_(old_grad);
           p.mutable_grad() = gslice;
         }
@@ -257,12 +194,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       b.shard.set_requires_grad(true);
       b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
                                                 : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
-      b.params = std::move(g);
-      b.pending = b.params.size();
       buckets.push_back(std::move(b));
     }
     buckets_ = std::move(buckets);
-    ready_.assign(params_.size(), false);
+    round_.set_plan(plan_);
   }
 
   // Module::load (load_state) and user code may give a parameter new storage
@@ -272,19 +207,20 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     torch::NoGradGuard no_grad;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       auto& p = params_[k];
-      const auto& b = buckets_[slots_[k].bucket];
+      const auto& slot = plan_.slots[k];
+      const auto& b = buckets_[slot.bucket];
       auto* expected = static_cast<char*>(b.flat.data_ptr()) +
-                       slots_[k].offset * static_cast<int64_t>(b.flat.element_size());
+                       slot.offset * static_cast<int64_t>(b.flat.element_size());
       if (p.data_ptr() == expected && p.is_contiguous()) continue;
       // A parameter of another shape would overwrite its neighbours in the bucket.
-      ACCEL_CHECK(p.sizes().vec() == slots_[k].shape,
+      ACCEL_CHECK(p.sizes().vec() == slot.shape,
                   "accel: parameter ", k, " of a sharded model changed its shape from ",
-                  c10::IntArrayRef(slots_[k].shape), " to ", p.sizes(),
+                  c10::IntArrayRef(slot.shape), " to ", p.sizes(),
                   " after prepare(). Give parameters their final shapes before prepare().");
       ACCEL_CHECK(p.scalar_type() == b.flat.scalar_type(), "accel: parameter ", k,
                   " of a sharded model changed its dtype from ", b.flat.scalar_type(), " to ",
                   p.scalar_type(), ". Convert the model before prepare().");
-      auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+      auto slice = storage_alias(b.flat, slot.offset, p.sizes());
       slice.copy_(p.detach());
       p.set_data(slice);
     }
@@ -292,18 +228,23 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
 
   bool aliases_bucket(std::size_t k) const {
     const auto& g = params_[k].grad();
-    const auto& b = buckets_[slots_[k].bucket];
+    const auto& b = buckets_[plan_.slots[k].bucket];
     return g.defined() && b.grad.defined() &&
            g.data_ptr() == static_cast<char*>(b.grad.data_ptr()) +
-                               slots_[k].offset * static_cast<int64_t>(b.grad.element_size());
+                               plan_.slots[k].offset * static_cast<int64_t>(b.grad.element_size());
   }
 
-  // ZeRO-1: autograd accumulates straight into the bucket from then on.
-  void adopt_grad(std::size_t k) {
-    if (aliases_bucket(k) && params_[k].grad().is_contiguous()) return;
+  // The round's steps (BucketReduction).
+  void before_close() override { reattach_parameters(); }
+
+  // ZeRO-1: autograd accumulates straight into the bucket from then on (a
+  // parameter without a gradient contributes its current value, zero after
+  // zero_grad). ZeRO-2 copies the gradients when the bucket launches.
+  void take_gradient(std::size_t k) override {
+    if (shard_gradients_ || (aliases_bucket(k) && params_[k].grad().is_contiguous())) return;
     torch::NoGradGuard no_grad;
     auto& p = params_[k];
-    auto slice = storage_alias(buckets_[slots_[k].bucket].grad, slots_[k].offset, p.sizes());
+    auto slice = storage_alias(buckets_[plan_.slots[k].bucket].grad, plan_.slots[k].offset, p.sizes());
     if (p.grad().defined())
       slice.copy_(p.grad());
     else
@@ -311,62 +252,33 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
-  // A second backward before the step: close the first round before autograd
-  // adds into a bucket (ZeRO-1) whose reduction may still run.
-  void before_accumulate(std::size_t k) {
-    if (enabled_ && ready_[k]) finalize();
-  }
-
-  void on_grad_ready(std::size_t k) {
-    if (!enabled_) return;
-    round_started_ = true;
-    ready_[k] = true;
-    if (!shard_gradients_) adopt_grad(k);
-    if (--buckets_[slots_[k].bucket].pending == 0) launch_ready();
-  }
-
-  // Buckets start strictly in index order so every rank issues the same
-  // sequence of collectives.
-  void launch_ready() {
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
-  }
-
-  void launch(std::size_t index) {
+  std::shared_ptr<runtime::Work> launch_reduction(std::size_t index) override {
     torch::NoGradGuard no_grad;
     auto& b = buckets_[index];
     const double inv_world = 1.0 / world_;
     if (!shard_gradients_) {
       b.grad.mul_(inv_world);
-      b.work = comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
-      return;
+      return comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
     }
-    if (index >= 2) complete(buckets_[index - 2]);  // bound the staging memory
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
-    for (auto k : b.params) {
+    for (auto k : plan_.buckets[index]) {
       auto& p = params_[k];
       if (!p.grad().defined()) continue;
-      b.staging.narrow(0, slots_[k].offset, p.numel()).copy_(p.grad().reshape(-1));
+      b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
     b.staging.mul_(inv_world);
     b.received = torch::empty({b.chunk}, b.flat.options());
-    b.work = comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+    return comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
   }
 
-  void complete(Bucket& b) {
-    if (!b.work) return;
-    auto w = std::move(b.work);
-    w->wait();
-    if (shard_gradients_) {
-      torch::NoGradGuard no_grad;
-      b.shard.mutable_grad().add_(b.received);
-      b.staging = torch::Tensor();
-      b.received = torch::Tensor();
-    }
-  }
-
-  void complete_all() {
-    for (auto& b : buckets_) complete(b);
+  void on_reduced(std::size_t index) override {
+    if (!shard_gradients_) return;
+    auto& b = buckets_[index];
+    torch::NoGradGuard no_grad;
+    b.shard.mutable_grad().add_(b.received);
+    b.staging = torch::Tensor();
+    b.received = torch::Tensor();
   }
 
   std::vector<torch::Tensor> params_;
@@ -376,16 +288,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
-  std::vector<Slot> slots_;
+  BucketPlan plan_;
   std::vector<Bucket> buckets_;
-  std::vector<bool> ready_;
-  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
-  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
-  std::size_t next_launch_ = 0;
-  int64_t rounds_ = 0;
-  bool enabled_ = true;
-  bool round_started_ = false;
   bool adopted_ = false;
+  BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
 }  // namespace accel::shard::detail
