@@ -77,12 +77,22 @@ class LaunchError : public Error {
       : Error("accel: process " + std::to_string(rank) + " failed: " + message +
               (others.empty() ? "" : "; " + others)),
         rank_(rank), message_(std::move(message)) {}
+  /// The failure that used up the last restart (LaunchOptions::max_restarts):
+  /// "accel: process 1 failed on attempt 2 of 2 (max_restarts = 1): ...".
+  LaunchError(int rank, std::string message, const std::string& others, int attempt, int attempts)
+      : Error("accel: process " + std::to_string(rank) + " failed on attempt " +
+              std::to_string(attempt) + " of " + std::to_string(attempts) + " (max_restarts = " +
+              std::to_string(attempts - 1) + "): " + message + (others.empty() ? "" : "; " + others)),
+        rank_(rank), message_(std::move(message)), attempt_(attempt) {}
   int rank() const noexcept { return rank_; }
   const std::string& message() const noexcept { return message_; }
+  /// Which attempt failed, from 1 (a launch without restarts has only attempt 1).
+  int attempt() const noexcept { return attempt_; }
 
  private:
   int rank_;
   std::string message_;
+  int attempt_ = 1;
 };
 
 /// A configuration file or value is wrong: names the key (and line, when known).
@@ -334,6 +344,8 @@ inline void set_seed(uint64_t seed, bool device_specific = false) {
 // begin <accel/runtime.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the runtime area's public surface: ProcessEnv (who am I),
+/// restart_count() (which attempt of an elastic launch), heartbeat() (progress
+/// for the launcher's hang detection),
 /// the Communicator interface, the rendezvous store (make_store), and the
 /// Gloo and MPI communicators (make_gloo_communicator, make_mpi_communicator;
 /// the MPI one only when ACCEL_WITH_MPI).
@@ -517,6 +529,62 @@ class LocalCommunicator final : public Communicator {
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
+// begin <accel/runtime/heartbeat.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::heartbeat(): a worker's sign of progress for
+/// the hang detection of accel's launchers (LaunchOptions::monitor_interval,
+/// `accel launch --monitor_interval`). The launcher gives each worker a file
+/// (ACCEL_HEARTBEAT_FILE); a heartbeat advances its modification time. A
+/// file, not a pipe: it survives exec, and a worker in any language (a shell
+/// script: `touch "$ACCEL_HEARTBEAT_FILE"`) can beat.
+#ifndef ACCEL_RUNTIME_HEARTBEAT_HPP
+#define ACCEL_RUNTIME_HEARTBEAT_HPP
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+
+namespace accel::runtime {
+
+/// Tells the launcher that this process makes progress. accel calls it for
+/// every batch a prepared data loader yields and every collective that
+/// completes; call it yourself in long stretches without either (a long
+/// evaluation written by hand). Cheap: at most one file-time update per
+/// 100 ms; does nothing when no launcher watches (ACCEL_HEARTBEAT_FILE unset).
+inline void heartbeat() noexcept {
+  // Lock-free: a child forked while another thread was here must not inherit a held lock.
+  static std::atomic<pid_t> owner{-1};  // the process the file was opened for
+  static std::atomic<int> fd{-1};
+  static std::atomic<std::int64_t> last_ms{0};
+  const pid_t me = ::getpid();
+  pid_t seen = owner.load();
+  if (seen != me) {
+    if (!owner.compare_exchange_strong(seen, me)) return;  // another thread opens it
+    const int inherited = fd.exchange(-1);
+    if (inherited >= 0) ::close(inherited);  // a forked child's copy of its parent's file
+    const char* path = std::getenv("ACCEL_HEARTBEAT_FILE");
+    if (path != nullptr && *path != '\0') fd.store(::open(path, O_WRONLY | O_CLOEXEC));
+    last_ms.store(0);
+  }
+  const int f = fd.load();
+  if (f < 0) return;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  std::int64_t prev = last_ms.load();
+  if (now - prev < 100 || !last_ms.compare_exchange_strong(prev, now)) return;
+  ::futimens(f, nullptr);  // modification time := now
+}
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_HEARTBEAT_HPP
+// end <accel/runtime/heartbeat.hpp>
 
 namespace accel::runtime {
 
@@ -575,6 +643,7 @@ class C10dWork final : public Work {
     }
     if (then_) then_();
     done_ = true;
+    heartbeat();  // progress, for the launcher's hang detection
   }
 
   bool is_completed() override { return done_ || work_->isCompleted(); }
@@ -799,6 +868,31 @@ inline int try_connect(const std::string& host, int port, std::chrono::milliseco
 
 #endif  // ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
 // end <accel/runtime/detail/tcp_probe.hpp>
+// begin <accel/runtime/restart_count.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::restart_count(): which attempt of an elastic launch
+/// this process belongs to (torchrun's TORCHELASTIC_RESTART_COUNT).
+#ifndef ACCEL_RUNTIME_RESTART_COUNT_HPP
+#define ACCEL_RUNTIME_RESTART_COUNT_HPP
+
+
+namespace accel {
+
+/// 0 on the first attempt of a launch, N after the N-th restart of the worker
+/// group (LaunchOptions::max_restarts, `accel launch --max_restarts`); read
+/// from TORCHELASTIC_RESTART_COUNT, which accel's launchers and torchrun set.
+/// Unset (a plain run, mpirun): 0.
+inline int restart_count() {
+  const auto n = runtime::detail::getenv_int("TORCHELASTIC_RESTART_COUNT");
+  ACCEL_CHECK(!n || *n >= 0, "accel: TORCHELASTIC_RESTART_COUNT=", *n,
+              " is negative. Unset it, or let the launcher set it.");
+  return n.value_or(0);
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_RUNTIME_RESTART_COUNT_HPP
+// end <accel/runtime/restart_count.hpp>
 
 namespace accel::runtime {
 
@@ -806,7 +900,8 @@ struct StoreOptions {
   /// How long a rank waits for the master (and rank 0 for every rank to join).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   /// When set, a c10d FileStore at this path (shared file system) replaces
-  /// the TCP store; the file must not be left over from another job.
+  /// the TCP store; the file must not be left over from another job. After
+  /// a restart (restart_count() N > 0) the path gets ".restart<N>" appended.
   std::optional<std::string> file_path;
 };
 
@@ -971,6 +1066,9 @@ inline void check_same_job(c10d::Store& store, const ProcessEnv& env, const std:
 /// options.file_path, a FileStore instead (no network).
 inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOptions options = {}) {
   if (options.file_path) {
+    // A restarted group (elastic launch) must not meet in the file of the
+    // attempt that failed: its counters and keys are stale.
+    if (const int n = restart_count(); n > 0) *options.file_path += ".restart" + std::to_string(n);
     try {
       auto store = c10::make_intrusive<c10d::FileStore>(*options.file_path, env.world_size);
       store->setTimeout(options.timeout);
@@ -1521,6 +1619,18 @@ inline std::string mpi_failure_message(const std::string& op, int rank, int size
          ", or the ranks passed different sizes or types: look at the other ranks' errors.";
 }
 
+/// Buffers of MPI requests that may still be in flight when accel gives up on
+/// them (a post that failed after earlier pieces were posted, a collective
+/// abandoned after a timeout). MPI can still write into them and collective
+/// requests cannot be cancelled, so they live until the process ends instead
+/// of being freed under MPI's feet; the job is broken by then anyway.
+inline void keep_until_exit(std::vector<torch::Tensor> buffers) {
+  static std::mutex m;
+  static auto* kept = new std::vector<torch::Tensor>();  // never freed, on purpose
+  std::lock_guard<std::mutex> l(m);
+  for (auto& b : buffers) kept->push_back(std::move(b));
+}
+
 /// MPI requests (one per chunk of a collective) polled with MPI_Testall
 /// until done or past the deadline. OpenMPI progresses non-blocking
 /// collectives inside MPI_Test, so the loop spins (like MPI_Wait does) and
@@ -1532,6 +1642,11 @@ class MpiTestWork final : public Work {
               std::function<void()> then)
       : reqs_(std::move(reqs)), op_(std::move(op)), rank_(rank), size_(size), timeout_(timeout),
         keep_(std::move(keep)), then_(std::move(then)) {}
+  MpiTestWork(const MpiTestWork&) = delete;
+  MpiTestWork& operator=(const MpiTestWork&) = delete;
+  ~MpiTestWork() override {
+    if (!done_) keep_until_exit(std::move(keep_));
+  }
 
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
@@ -1590,15 +1705,22 @@ class MpiProgressThread {
   MpiProgressThread& operator=(const MpiProgressThread&) = delete;
 
   /// Stops after the queued collectives; waits at most `grace` for them.
-  void stop(std::chrono::milliseconds grace) {
-    if (!thread_.joinable()) return;
+  /// Returns false when the thread is still inside MPI (a dead peer) and was
+  /// detached: whatever it uses (the communicator) must then stay alive.
+  bool stop(std::chrono::milliseconds grace) {
+    if (!thread_.joinable()) return !detached_;
     std::unique_lock<std::mutex> l(q_->m);
     q_->stop = true;
     q_->cv.notify_all();
     const bool idle = q_->cv.wait_for(l, grace, [&] { return q_->tasks.empty() && !q_->busy; });
     l.unlock();
-    if (idle) thread_.join();
-    else thread_.detach();  // stuck in MPI: the job is broken anyway
+    if (idle) {
+      thread_.join();
+    } else {
+      thread_.detach();  // stuck in MPI: the job is broken anyway
+      detached_ = true;
+    }
+    return idle;
   }
   ~MpiProgressThread() { stop(std::chrono::milliseconds(0)); }
 
@@ -1664,6 +1786,7 @@ class MpiProgressThread {
 
   std::shared_ptr<Queue> q_;
   std::thread thread_;
+  bool detached_ = false;
 };
 
 class MpiThreadWork final : public Work {
@@ -1765,11 +1888,12 @@ class MpiCommunicator final : public Communicator {
       thread_ = std::make_unique<detail::MpiProgressThread>();
   }
   ~MpiCommunicator() override {
-    if (thread_) thread_->stop(timeout_);
+    // A progress thread still inside MPI keeps using comm_: it is not freed then.
+    const bool thread_done = !thread_ || thread_->stop(timeout_);
     thread_.reset();
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (thread_done && !finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -1893,7 +2017,11 @@ class MpiCommunicator final : public Communicator {
       auto lock = detail::MpiRuntime::instance().lock();
       for (int k = 0; k < pieces && rc == MPI_SUCCESS; ++k) rc = post(k, &reqs[k]);
     }
-    if (rc != MPI_SUCCESS) throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
+    if (rc != MPI_SUCCESS) {
+      // The pieces posted before the failure are in flight with these buffers.
+      detail::keep_until_exit(std::move(keep));
+      throw Error(detail::mpi_failure_message(op, rank_, size_, rc));
+    }
     return std::make_shared<detail::MpiTestWork>(std::move(reqs), op, rank_, size_, timeout_,
                                                  std::move(keep), std::move(then));
   }
@@ -2288,7 +2416,8 @@ class AutocastGuard {
   }
   AutocastGuard& operator=(AutocastGuard&&) = delete;
 
- private:
+  // The thread's autocast state for one device type (public for
+  // memory::checkpoint, which replays a forward's state in backward).
   // LibTorch 2.4 replaced the per-device functions (is_enabled, is_cpu_enabled,
   // get_autocast_gpu_dtype, ...) by ones taking the device type, and
   // deprecated the old ones.
@@ -2318,6 +2447,7 @@ class AutocastGuard {
   }
 #endif
 
+ private:
   c10::DeviceType device_type_;
   bool active_;
   bool prev_enabled_ = false;
@@ -2661,7 +2791,9 @@ struct ShardOptimizer {
 // end <accel/shard.hpp>
 // begin <accel/compatibility.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines the cross-policy rules of Accelerator<B, P, S>, in one place.
+/// @file Defines the cross-policy rules of Accelerator<B, P, S>, in one place:
+/// a trait that asserts nothing (dispatch_accelerator filters with it) and
+/// the check whose static_asserts say what is wrong.
 #ifndef ACCEL_COMPATIBILITY_HPP
 #define ACCEL_COMPATIBILITY_HPP
 
@@ -2670,33 +2802,50 @@ struct ShardOptimizer {
 
 namespace accel {
 
-/// One static_assert per rule; `value` is true when the combination is valid.
+namespace detail {
+
+/// Each rule of Accelerator<B, P, S> as a constant; nothing fires.
+template <class B, class P, class S>
+struct policy_rules {
+  static constexpr bool kinds_ok =
+      is_backend_policy_v<B> && is_precision_policy_v<P> && is_shard_policy_v<S>;
+  static constexpr bool nccl_ok = !std::is_same_v<B, backend::Nccl> || ACCEL_WITH_NCCL;
+  static constexpr bool mpi_ok = !std::is_same_v<B, backend::Mpi> || ACCEL_WITH_MPI;
+  static constexpr bool shard_ok =
+      !(kinds_ok && !B::multi_process && (S::shards_optimizer_state || S::shards_gradients));
+  static constexpr bool value = kinds_ok && nccl_ok && mpi_ok && shard_ok;
+};
+
+}  // namespace detail
+
+/// True when Accelerator<B, P, S> is valid; asserts nothing.
+template <class B, class P, class S>
+inline constexpr bool accelerator_policies_valid_v = detail::policy_rules<B, P, S>::value;
+
+/// One static_assert per rule (each policy's own check first); `value` is true
+/// when the combination is valid. Instantiating it is the whole diagnostic.
 template <class B, class P, class S>
 struct check_accelerator_policies {
+  using rules = detail::policy_rules<B, P, S>;
   static constexpr bool policies_ok = check_backend_policy<B>::value &&
                                       check_precision_policy<P>::value &&
                                       check_shard_policy<S>::value;
-
-  static constexpr bool nccl_ok = !std::is_same_v<B, backend::Nccl> || ACCEL_WITH_NCCL;
-  static_assert(nccl_ok,
+  static_assert(rules::nccl_ok,
                 "accel: backend::Nccl is not available in this build (ACCEL_WITH_NCCL is 0): "
                 "LibTorch was built without CUDA/NCCL. Use backend::Gloo, or link a CUDA build "
                 "of LibTorch.");
-
-  static constexpr bool mpi_ok = !std::is_same_v<B, backend::Mpi> || ACCEL_WITH_MPI;
-  static_assert(mpi_ok,
+  static_assert(rules::mpi_ok,
                 "accel: backend::Mpi is not available in this build (ACCEL_WITH_MPI is 0): no MPI "
                 "was found. Install an MPI (Debian: libopenmpi-dev) and reconfigure, or use "
                 "backend::Gloo.");
-
-  static constexpr bool shard_ok = !(policies_ok && !B::multi_process &&
-                                     (S::shards_optimizer_state || S::shards_gradients));
-  static_assert(shard_ok,
+  static_assert(rules::shard_ok,
                 "accel: shard::ShardOptimizer and shard::ShardGradients need more than one "
                 "process. Use shard::Replicate with backend::SingleDevice, or choose "
                 "backend::Gloo, Mpi or Nccl.");
-
-  static constexpr bool value = policies_ok && nccl_ok && mpi_ok && shard_ok;
+  static constexpr bool value = policies_ok && rules::value;
+  /// Always true: naming it instantiates the checks above without adding an
+  /// error of its own.
+  static constexpr bool checked = true;
 };
 
 }  // namespace accel
@@ -2972,6 +3121,24 @@ inline int64_t sharded_num_batches(int64_t dataset_size, int64_t batch_size, boo
 #include <utility>
 #include <vector>
 
+// begin <accel/detail/dependent_false.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::dependent_false, the one false that depends on
+/// a template argument: a static_assert in a primary template fires only when
+/// that template is instantiated.
+#ifndef ACCEL_DETAIL_DEPENDENT_FALSE_HPP
+#define ACCEL_DETAIL_DEPENDENT_FALSE_HPP
+
+namespace accel::detail {
+
+template <class...>
+inline constexpr bool dependent_false = false;
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_DEPENDENT_FALSE_HPP
+// end <accel/detail/dependent_false.hpp>
+
 namespace accel::data {
 namespace detail {
 
@@ -2980,13 +3147,10 @@ struct is_std_vector : std::false_type {};
 template <class T, class A>
 struct is_std_vector<std::vector<T, A>> : std::true_type {};
 
-template <class>
-inline constexpr bool always_false_v = false;
-
 // Collated<T>::apply(samples) stacks one field of every sample.
 template <class T, class = void>
 struct Collated {
-  static_assert(always_false_v<T>,
+  static_assert(accel::detail::dependent_false<T>,
                 "accel: the default collate cannot stack this sample type (it stacks torch::Tensor, "
                 "arithmetic values, torch::data::Example, std::pair and std::tuple of those). Pass "
                 "your own collate to make_data_loader(dataset, options, collate).");
@@ -3307,6 +3471,7 @@ class Prefetcher {
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -3331,12 +3496,15 @@ struct LoaderState {
 
 namespace detail {
 
-// Process-global stack of the loaders being iterated, innermost last. An
-// entry is removed by identity so that out-of-order ends cannot corrupt it.
+// Per-thread stack of the loaders being iterated, innermost last: a thread
+// sees only the loops it runs itself (two threads training side by side do
+// not see each other's loader). An entry is removed by identity so that
+// out-of-order ends cannot corrupt it; an iteration keeps its stack alive and
+// removes itself from it even when it ends on another thread (hence the lock).
 class ActiveLoaders {
  public:
-  static ActiveLoaders& instance() {
-    static ActiveLoaders stack;
+  static const std::shared_ptr<ActiveLoaders>& instance() {
+    thread_local const auto stack = std::make_shared<ActiveLoaders>();
     return stack;
   }
   void push(const LoaderState* s) {
@@ -3368,7 +3536,7 @@ class ActiveLoaders {
 /// loader is. An evaluation loader iterated inside the training loop is the
 /// active one until its loop ends (or is left by break/exception); then the
 /// training loader is active again. The pointer is valid until that loop ends.
-inline const LoaderState* active_loader_state() { return detail::ActiveLoaders::instance().top(); }
+inline const LoaderState* active_loader_state() { return detail::ActiveLoaders::instance()->top(); }
 
 }  // namespace accel::data
 
@@ -3709,8 +3877,8 @@ class DataLoader<Dataset, Collate>::Run {
           next_, count, o.num_workers, static_cast<int64_t>(o.prefetch_factor) * o.num_workers,
           [this](int64_t j) { return produce(j); }, o.timeout);
     }
-    detail::ActiveLoaders::instance().push(&state_);
-    registered_ = true;
+    active_ = detail::ActiveLoaders::instance();
+    active_->push(&state_);
   }
 
   // Moves to the next batch; false (and the loop is over) when there is none.
@@ -3742,8 +3910,8 @@ class DataLoader<Dataset, Collate>::Run {
     if (finished_) return;
     finished_ = true;
     prefetcher_.reset();  // joins the workers
-    if (registered_) detail::ActiveLoaders::instance().remove(&state_);
-    registered_ = false;
+    if (active_) active_->remove(&state_);
+    active_.reset();
     if (completed) {
       progress_->epoch += 1;
       progress_->yielded = 0;
@@ -3761,7 +3929,7 @@ class DataLoader<Dataset, Collate>::Run {
   LoaderState state_;
   std::optional<batch_type> current_;
   std::unique_ptr<detail::Prefetcher<batch_type>> prefetcher_;
-  bool registered_ = false;
+  std::shared_ptr<detail::ActiveLoaders> active_;  // the stack of the thread that started it
   bool finished_ = false;
 };
 
@@ -3781,6 +3949,7 @@ class DataLoader<Dataset, Collate>::iterator {
   pointer operator->() const { return &run_->current(); }
   iterator& operator++() {
     if (!run_->advance()) run_.reset();
+    runtime::heartbeat();  // progress, for the launcher's hang detection
     return *this;
   }
   void operator++(int) { ++*this; }
@@ -4497,7 +4666,7 @@ class OneCycleLR : public torch::optim::LRScheduler {
 #include <string>
 #include <string_view>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 class Xxh64 {
  public:
@@ -4609,7 +4778,7 @@ inline std::optional<std::uint64_t> from_hex(std::string_view s) {
   return v;
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_XXHASH64_HPP
 // end <accel/checkpoint/detail/xxhash64.hpp>
@@ -4626,7 +4795,7 @@ inline std::optional<std::uint64_t> from_hex(std::string_view s) {
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 [[noreturn]] inline void fail_io(std::string_view what, const std::filesystem::path& path,
                                  int error) {
@@ -4810,7 +4979,7 @@ class ReadFile {
   int fd_ = -1;
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
 // end <accel/checkpoint/detail/file_io.hpp>
@@ -4848,7 +5017,7 @@ class ReadFile {
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 /// Same cap as the reference reader: a header beyond it is rejected before any
 /// allocation, so a forged length cannot make us allocate gigabytes.
@@ -4894,7 +5063,7 @@ inline std::optional<std::size_t> dtype_size(std::string_view dtype) {
   throw Error(accel::detail::concat(
       "accel: invalid safetensors file '", source, "': ", problem,
       ". The file is corrupt, truncated or not a safetensors file: write it again "
-      "with accel::checkpoint::save_safetensors or a safetensors library."));
+      "with accel::ckpt::save_safetensors or a safetensors library."));
 }
 
 /// Reads the little-endian header length from the first 8 bytes and checks it
@@ -5103,7 +5272,7 @@ inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& pa
   return parse_header_json(text, 8 + n, file_size - 8 - n, source);
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_SAFETENSORS_FORMAT_HPP
 // end <accel/checkpoint/detail/safetensors_format.hpp>
@@ -5121,7 +5290,7 @@ inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& pa
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 static_assert(std::endian::native == std::endian::little,
               "accel: safetensors I/O copies tensor bytes as they are in memory. Build for a "
@@ -5217,7 +5386,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
     // (clang 14 cannot capture structured bindings).
     const std::string& name = entry.first;
     const torch::Tensor& tensor = entry.second;
-    ACCEL_CHECK(name != checkpoint::detail::kMetadataKey, "accel: cannot save a tensor named '",
+    ACCEL_CHECK(name != ckpt::detail::kMetadataKey, "accel: cannot save a tensor named '",
                 name, "' to '", source, "': the name is reserved by the format. Rename it.");
     ACCEL_CHECK(names.insert(name).second, "accel: the tensor name '", name,
                 "' appears twice in what is saved to '", source, "'. Give each tensor one name.");
@@ -5250,17 +5419,17 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   // A placeholder of the digest's width, filled in once the data is written.
   const std::string placeholder(16, '0');
   if (checksum) meta[std::string(kDataChecksumKey)] = placeholder;
-  header[std::string(checkpoint::detail::kMetadataKey)] = std::move(meta);
+  header[std::string(ckpt::detail::kMetadataKey)] = std::move(meta);
 
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-aligned, as Hugging Face writes it
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(text.size() >> (8 * i));
 
-  checkpoint::detail::AtomicFile file(path);
+  ckpt::detail::AtomicFile file(path);
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
-  checkpoint::detail::Xxh64 data_hash;
+  ckpt::detail::Xxh64 data_hash;
   for (const torch::Tensor& t : stored) {
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);
@@ -5272,7 +5441,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
     const auto at = text.find(field);
     ACCEL_CHECK(at != std::string::npos, "accel: internal error: no checksum field in the header of '",
                 source, "'");
-    const std::string digest = checkpoint::detail::to_hex(data_hash.digest());
+    const std::string digest = ckpt::detail::to_hex(data_hash.digest());
     file.write_at(sizeof prefix + at + field.size() - placeholder.size(), digest.data(), digest.size());
   }
   file.commit();
@@ -5283,18 +5452,18 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
 /// detail/safetensors_format.hpp). The tensors live on CPU and own their memory.
 inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   const std::string source = path.string();
-  const auto header = checkpoint::detail::read_safetensors_header(path);
-  checkpoint::detail::ReadFile file(path);
+  const auto header = ckpt::detail::read_safetensors_header(path);
+  ckpt::detail::ReadFile file(path);
   SafetensorsContents out;
   out.metadata = header.metadata;
   std::optional<std::uint64_t> expected;
   if (const auto it = header.metadata.find(std::string(kDataChecksumKey)); it != header.metadata.end()) {
-    expected = checkpoint::detail::from_hex(it->second);
+    expected = ckpt::detail::from_hex(it->second);
     if (!expected)
-      checkpoint::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
+      ckpt::detail::fail_format(source, "its " + std::string(kDataChecksumKey) +
                                                   " entry is not 16 hex digits");
   }
-  checkpoint::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
+  ckpt::detail::Xxh64 data_hash;  // the tensors cover the data buffer in order
   std::map<std::string, torch::Tensor> by_name;
   for (const auto& info : header.tensors) {
     const auto dtype = detail::to_torch_dtype(info.dtype);
@@ -5305,7 +5474,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
     try {
       t = torch::empty(info.shape, torch::TensorOptions().dtype(*dtype));
     } catch (const c10::Error&) {  // e.g. an empty shape whose strides overflow
-      checkpoint::detail::fail_format(source, "tensor '" + info.name +
+      ckpt::detail::fail_format(source, "tensor '" + info.name +
                                                   "' has a shape LibTorch cannot allocate");
     }
     file.read_at(header.data_start + info.begin, t.data_ptr(),
@@ -5316,7 +5485,7 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
       const auto* b = static_cast<const std::uint8_t*>(t.data_ptr());
       for (std::uint64_t i = 0; i < info.end - info.begin; ++i)
         if (b[i] > 1)
-          checkpoint::detail::fail_format(source, "BOOL tensor '" + info.name +
+          ckpt::detail::fail_format(source, "BOOL tensor '" + info.name +
                                                       "' holds a byte other than 0 or 1");
     }
     by_name.emplace(info.name, t);
@@ -5325,17 +5494,17 @@ inline SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   if (expected && data_hash.digest() != *expected)
     throw Error(accel::detail::concat(
         "accel: the safetensors file '", source, "' is corrupt: its tensor data changed after it "
-        "was written (XXH64 ", checkpoint::detail::to_hex(data_hash.digest()), ", its header records ",
-        checkpoint::detail::to_hex(*expected), "). Load another copy, or write it again."));
+        "was written (XXH64 ", ckpt::detail::to_hex(data_hash.digest()), ", its header records ",
+        ckpt::detail::to_hex(*expected), "). Load another copy, or write it again."));
   for (const auto& [key, target] : header.metadata) {
     if (key.rfind(kTiedPrefix, 0) != 0) continue;
     const std::string alias = key.substr(kTiedPrefix.size());
     const auto it = by_name.find(target);
     if (it == by_name.end())
-      checkpoint::detail::fail_format(source, "tied tensor '" + alias + "' refers to '" + target +
+      ckpt::detail::fail_format(source, "tied tensor '" + alias + "' refers to '" + target +
                                                   "', which is not in the file");
     if (by_name.count(alias) != 0)
-      checkpoint::detail::fail_format(source, "tied tensor '" + alias +
+      ckpt::detail::fail_format(source, "tied tensor '" + alias +
                                                   "' is also stored as a tensor");
     out.tensors.emplace_back(alias, it->second);
   }
@@ -5347,7 +5516,7 @@ inline NamedTensors load_safetensors(const std::filesystem::path& path) {
   return read_safetensors(path).tensors;
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAFETENSORS_HPP
 // end <accel/checkpoint/safetensors.hpp>
@@ -5392,7 +5561,7 @@ struct SaveModelOptions {
 
 }  // namespace accel
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 inline constexpr std::string_view kModelFile = "model.safetensors";
 inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
@@ -5504,7 +5673,7 @@ inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::ui
   total_size = 0;
   for (const auto& entry : state) {
     const auto tied = std::find_if(owners.begin(), owners.end(), [&](const auto& o) {
-      return checkpoint::detail::same_view(*o.first, entry.second);
+      return ckpt::detail::same_view(*o.first, entry.second);
     });
     if (tied != owners.end()) {
       shards[tied->second].push_back(entry);
@@ -5528,10 +5697,10 @@ inline std::string read_small_file(const std::filesystem::path& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) fail_io("read", path, ec.value());
-  ACCEL_CHECK(size <= checkpoint::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
+  ACCEL_CHECK(size <= ckpt::detail::kMaxHeaderBytes, "accel: index file '", path.string(),
               "' has ", size, " bytes, more than an index can need. Check the file.");
   std::string text(static_cast<std::size_t>(size), '\0');
-  checkpoint::detail::ReadFile(path).read_at(0, text.data(), text.size());
+  ckpt::detail::ReadFile(path).read_at(0, text.data(), text.size());
   return text;
 }
 
@@ -5668,13 +5837,13 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
       // the shard's metadata.
       for (const auto& entry : shards[i]) {
         const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
-          return checkpoint::detail::same_view(e.second, entry.second);
+          return ckpt::detail::same_view(e.second, entry.second);
         });
         if (owner == shards[i].end() || owner->first == entry.first)
           index["weight_map"][entry.first] = name;
       }
     }
-    checkpoint::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
+    ckpt::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
     written.insert(std::string(kIndexFile));
   }
   // Files of an earlier save that this one did not rewrite would mix two
@@ -5702,13 +5871,579 @@ inline void load_module(torch::nn::Module& module, const std::filesystem::path& 
   }
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 // end <accel/checkpoint/save_model.hpp>
 
 #endif  // ACCEL_CHECKPOINT_HPP
 // end <accel/checkpoint.hpp>
+// begin <accel/memory.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the memory area: activation checkpointing
+/// (accel::checkpoint, accel::checkpoint_sequential).
+#ifndef ACCEL_MEMORY_HPP
+#define ACCEL_MEMORY_HPP
+
+// begin <accel/memory/checkpoint.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::checkpoint and accel::checkpoint_sequential: activation
+/// checkpointing (torch.utils.checkpoint for LibTorch). The forward of a
+/// segment keeps none of its intermediate tensors; backward runs the segment
+/// again with gradients enabled and back-propagates through that copy.
+#ifndef ACCEL_MEMORY_CHECKPOINT_HPP
+#define ACCEL_MEMORY_CHECKPOINT_HPP
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+// begin <accel/memory/detail/replay_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::memory::detail::ForwardState: what a checkpointed
+/// forward saw (random generators, autocast) so that its recomputation in
+/// backward draws the same numbers and computes in the same precision.
+#ifndef ACCEL_MEMORY_DETAIL_REPLAY_STATE_HPP
+#define ACCEL_MEMORY_DETAIL_REPLAY_STATE_HPP
+
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+
+namespace accel::memory::detail {
+
+/// The state of the default generators a segment may draw from: the CPU one
+/// always, and the CUDA one of each device its tensor inputs live on (as
+/// torch.utils.checkpoint does; other devices' generators are not forked).
+class RngState {
+  struct Entry {
+    c10::Device device;
+    torch::Tensor state;
+  };
+
+ public:
+  static RngState capture(const std::vector<torch::Tensor>& inputs) {
+    RngState s;
+    s.entries_.push_back({c10::Device(c10::kCPU), get(c10::Device(c10::kCPU))});
+    for (const auto& t : inputs) {
+      if (!t.defined() || !t.is_cuda()) continue;
+      bool seen = false;
+      for (const auto& e : s.entries_) seen = seen || e.device == t.device();
+      if (!seen) s.entries_.push_back({t.device(), get(t.device())});
+    }
+    return s;
+  }
+
+  /// RAII: the generators are set to this state for its lifetime, and given
+  /// back the state they had before after it, so a recomputation neither
+  /// changes what the rest of the program draws nor depends on it.
+  class Fork {
+   public:
+    explicit Fork(const RngState& s) {
+      for (const auto& e : s.entries_) previous_.push_back({e.device, get(e.device)});
+      for (const auto& e : s.entries_) set(e.device, e.state);
+    }
+    ~Fork() {
+      for (const auto& e : previous_) set(e.device, e.state);
+    }
+    Fork(const Fork&) = delete;
+    Fork& operator=(const Fork&) = delete;
+
+   private:
+    std::vector<Entry> previous_;
+  };
+
+ private:
+  // The generator's mutex is held only while reading or writing its state:
+  // the operators of the segment take it themselves.
+  static torch::Tensor get(c10::Device d) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+  static void set(c10::Device d, const torch::Tensor& state) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+
+  std::vector<Entry> entries_;
+};
+
+/// Autocast as the forward had it, for CPU and CUDA.
+class AutocastState {
+  struct PerDevice {
+    c10::DeviceType type;
+    bool enabled;
+    at::ScalarType dtype;
+  };
+
+ public:
+  static AutocastState capture() {
+    AutocastState s;
+    for (auto d : {c10::DeviceType::CPU, c10::DeviceType::CUDA})
+      s.devices_.push_back({d, precision::AutocastGuard::is_enabled(d),
+                            precision::AutocastGuard::dtype_of(d)});
+    return s;
+  }
+
+  /// RAII: autocast exactly as captured (on with its dtype, or off) for its
+  /// lifetime, whatever the thread running backward has; restored after.
+  class Replay {
+   public:
+    explicit Replay(const AutocastState& s) {
+      guards_.reserve(s.devices_.size());
+      for (const auto& d : s.devices_) {
+        if (d.enabled) {
+          guards_.emplace_back(d.type, d.dtype, true);
+        } else if (precision::AutocastGuard::is_enabled(d.type)) {
+          disabled_.push_back({d.type, true, precision::AutocastGuard::dtype_of(d.type)});
+          precision::AutocastGuard::set(d.type, false, d.dtype);
+        }
+      }
+    }
+    ~Replay() {
+      for (const auto& d : disabled_) precision::AutocastGuard::set(d.type, true, d.dtype);
+    }
+    Replay(const Replay&) = delete;
+    Replay& operator=(const Replay&) = delete;
+
+   private:
+    std::vector<precision::AutocastGuard> guards_;
+    std::vector<PerDevice> disabled_;
+  };
+
+  bool any_enabled() const {
+    for (const auto& d : devices_)
+      if (d.enabled) return true;
+    return false;
+  }
+
+ private:
+  std::vector<PerDevice> devices_;
+};
+
+/// RAII: no autocast cache while the forward runs without gradients. Casts
+/// cached there would have no autograd history, and a later use of the same
+/// weight outside the checkpoint (in the same autocast region) would silently
+/// get no gradient through them.
+class NoAutocastCache {
+ public:
+  NoAutocastCache() : previous_(at::autocast::is_autocast_cache_enabled()) {
+    at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~NoAutocastCache() { at::autocast::set_autocast_cache_enabled(previous_); }
+  NoAutocastCache(const NoAutocastCache&) = delete;
+  NoAutocastCache& operator=(const NoAutocastCache&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace accel::memory::detail
+
+#endif  // ACCEL_MEMORY_DETAIL_REPLAY_STATE_HPP
+// end <accel/memory/detail/replay_state.hpp>
+
+namespace accel::memory::detail {
+
+template <class T>
+inline constexpr bool is_tensor_v = std::is_same_v<std::remove_cvref_t<T>, torch::Tensor>;
+
+/// What a segment may return: a Tensor, a std::tuple of Tensors or a
+/// std::vector of them; flattened to a list for autograd and back.
+template <class R>
+struct Outputs {
+  static constexpr bool valid = false;
+};
+template <>
+struct Outputs<torch::Tensor> {
+  static constexpr bool valid = true;
+  static std::vector<torch::Tensor> flatten(torch::Tensor t) { return {std::move(t)}; }
+  static torch::Tensor unflatten(std::vector<torch::Tensor> v) { return std::move(v.at(0)); }
+};
+template <>
+struct Outputs<std::vector<torch::Tensor>> {
+  static constexpr bool valid = true;
+  static std::vector<torch::Tensor> flatten(std::vector<torch::Tensor> v) { return v; }
+  static std::vector<torch::Tensor> unflatten(std::vector<torch::Tensor> v) { return v; }
+};
+template <class... T>
+struct Outputs<std::tuple<T...>> {
+  static constexpr bool valid = (std::is_same_v<T, torch::Tensor> && ...);
+  static std::vector<torch::Tensor> flatten(std::tuple<T...> t) {
+    return std::apply([](auto&... e) { return std::vector<torch::Tensor>{std::move(e)...}; }, t);
+  }
+  static std::tuple<T...> unflatten(std::vector<torch::Tensor> v) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<T...>{std::move(v.at(I))...};
+    }(std::index_sequence_for<T...>{});
+  }
+};
+
+/// One checkpointed call, type-erased: the function, its non-tensor
+/// arguments (stored by value: they must be the same when backward runs it
+/// again) and the state of the forward. Held by the autograd node.
+struct Segment : torch::CustomClassHolder {
+  virtual std::vector<torch::Tensor> run(const std::vector<torch::Tensor>& tensors) = 0;
+  bool needs_backward = true;  ///< false when autograd will not record the call
+  RngState rng;
+  AutocastState autocast;
+};
+
+/// How fn sees argument A: tensors as const references to the tensors of
+/// this run, anything else as a reference to the stored copy.
+template <class A>
+using arg_ref_t = std::conditional_t<is_tensor_v<A>, const torch::Tensor&, std::remove_cvref_t<A>&>;
+
+template <class F, class... Args>
+class SegmentOf final : public Segment {
+ public:
+  using result_type = std::remove_cvref_t<std::invoke_result_t<F&, arg_ref_t<Args>...>>;
+
+  template <class G, class... A>
+  explicit SegmentOf(G&& fn, A&&... args)
+      : fn_(std::forward<G>(fn)), args_(keep(std::forward<A>(args))...) {}
+
+  std::vector<torch::Tensor> run(const std::vector<torch::Tensor>& tensors) override {
+    return Outputs<result_type>::flatten(call(tensors, std::index_sequence_for<Args...>{}));
+  }
+
+ private:
+  // Tensor arguments are not stored (autograd saves them); their slots stay empty.
+  template <class A>
+  static std::remove_cvref_t<A> keep(A&& a) {
+    if constexpr (is_tensor_v<A>)
+      return torch::Tensor();
+    else
+      return std::forward<A>(a);
+  }
+
+  // Position of argument I among the tensor arguments.
+  template <std::size_t I>
+  static constexpr std::size_t tensor_index() {
+    constexpr bool is_tensor[] = {is_tensor_v<Args>..., false};
+    std::size_t n = 0;
+    for (std::size_t j = 0; j < I; ++j) n += is_tensor[j] ? 1 : 0;
+    return n;
+  }
+
+  template <std::size_t... I>
+  result_type call(const std::vector<torch::Tensor>& tensors, std::index_sequence<I...>) {
+    return std::invoke(fn_, pick<I>(tensors)...);
+  }
+  template <std::size_t I>
+  arg_ref_t<std::tuple_element_t<I, std::tuple<Args...>>> pick(const std::vector<torch::Tensor>& tensors) {
+    if constexpr (is_tensor_v<std::tuple_element_t<I, std::tuple<Args...>>>)
+      return tensors.at(tensor_index<I>());
+    else
+      return std::get<I>(args_);
+  }
+
+  F fn_;
+  std::tuple<std::remove_cvref_t<Args>...> args_;
+};
+
+/// The autograd node of one checkpointed call: forward without gradients
+/// (autograd saves only the tensor inputs), backward recomputes with them.
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static constexpr const char* kSegmentKey = "accel.checkpoint.segment";
+
+  template <class... T>
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<Segment> segment,
+                                                const torch::Tensor& /*anchor*/,
+                                                const T&... tensors) {
+    std::vector<torch::Tensor> inputs{tensors...};
+    if (segment->needs_backward) {
+      segment->rng = RngState::capture(inputs);
+      segment->autocast = AutocastState::capture();
+    }
+    std::vector<torch::Tensor> outputs;
+    {
+      torch::NoGradGuard no_grad;
+      NoAutocastCache no_cache;
+      outputs = segment->run(inputs);
+    }
+    torch::autograd::variable_list constant;
+    for (const auto& o : outputs) {
+      ACCEL_CHECK(o.defined(), "accel: checkpoint()'s function returned an undefined tensor. "
+                  "Return only defined tensors from a checkpointed function.");
+      if (!o.is_floating_point() && !o.is_complex()) constant.push_back(o);
+    }
+    if (!constant.empty()) ctx->mark_non_differentiable(constant);
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward(inputs);
+    ctx->saved_data[kSegmentKey] = c10::IValue::make_capsule(std::move(segment));
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto segment =
+        c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data.at(kSegmentKey).toCapsule());
+    // Leaves of a graph of their own, requiring gradients like the originals.
+    std::vector<torch::Tensor> inputs;
+    for (const auto& saved : ctx->get_saved_variables()) {
+      auto d = saved.detach();
+      if (saved.requires_grad()) d.requires_grad_(true);
+      inputs.push_back(std::move(d));
+    }
+    std::vector<torch::Tensor> outputs;
+    {
+      RngState::Fork rng(segment->rng);
+      AutocastState::Replay autocast(segment->autocast);
+      torch::AutoGradMode grad(true);
+      outputs = segment->run(inputs);
+    }
+    ACCEL_CHECK(outputs.size() == grad_outputs.size(), "accel: checkpoint()'s function returned ",
+                outputs.size(), " tensors when recomputed in backward, ", grad_outputs.size(),
+                " in forward. Make the checkpointed function return the same tensors every time.");
+    torch::autograd::variable_list roots, grads;
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (!grad_outputs[i].defined()) continue;
+      if (!outputs[i].requires_grad()) continue;
+      roots.push_back(outputs[i]);
+      grads.push_back(grad_outputs[i]);
+    }
+    // Parameters get their gradients from here, through their accumulators
+    // (and a prepared model's gradient hooks, once per parameter).
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+    torch::autograd::variable_list result{torch::Tensor(), torch::Tensor()};  // segment, anchor
+    for (const auto& in : inputs) result.push_back(in.requires_grad() ? in.grad() : torch::Tensor());
+    return result;
+  }
+};
+
+}  // namespace accel::memory::detail
+
+namespace accel {
+
+/// Activation checkpointing: calls fn(inputs...) without keeping the tensors
+/// it computes in between, and calls it again during backward to get them
+/// (torch.utils.checkpoint, reentrant variant). Trades one more forward of
+/// fn for the memory of its activations.
+///
+/// fn returns a torch::Tensor, a std::tuple of tensors or a
+/// std::vector<torch::Tensor>; checkpoint() returns the same. Tensor
+/// arguments are the inputs autograd tracks; any other argument is copied
+/// and given to fn again, unchanged, in backward. Parameters fn uses (a
+/// module it captures) get their gradients as without checkpointing. The
+/// recomputation draws the same random numbers (CPU generator, and the CUDA
+/// generators of the inputs' devices) and runs under the autocast state of
+/// the forward, so dropout and mixed precision give the same results.
+///
+/// Restrictions: gradients come from loss.backward() (not torch::autograd::grad,
+/// not create_graph); fn must not modify its inputs in place, nor depend
+/// on state that changes between forward and backward.
+template <class F, class... Args>
+auto checkpoint(F&& fn, Args&&... inputs) {
+  using segment_type = memory::detail::SegmentOf<std::decay_t<F>, Args...>;
+  using result_type = typename segment_type::result_type;
+  static_assert(memory::detail::Outputs<result_type>::valid,
+                "accel: checkpoint()'s function must return a torch::Tensor, a std::tuple of "
+                "tensors or a std::vector<torch::Tensor>. Return the tensors only.");
+  static_assert((!std::is_same_v<std::remove_cvref_t<Args>, std::vector<torch::Tensor>> && ...),
+                "accel: checkpoint() does not look into a std::vector<torch::Tensor> argument, "
+                "so its tensors would get no gradient. Pass each tensor as an argument of its own.");
+  // The tensor arguments, collected before the others are moved into the segment.
+  constexpr std::size_t n = (std::size_t{0} + ... + (memory::detail::is_tensor_v<Args> ? 1 : 0));
+  std::array<torch::Tensor, n> tensors;
+  std::size_t k = 0;
+  auto collect = [&](const auto& a) {
+    if constexpr (memory::detail::is_tensor_v<decltype(a)>) tensors[k++] = a;
+  };
+  (collect(inputs), ...);
+  // When no input requires a gradient (the first layer, fed with data), the
+  // parameters fn uses still need one: an empty tensor that requires a
+  // gradient makes autograd record the call.
+  bool any_requires_grad = false;
+  for (const auto& t : tensors) {
+    ACCEL_CHECK(t.defined(), "accel: checkpoint() got an undefined tensor argument. Pass defined "
+                "tensors only; let fn capture an optional one.");
+    any_requires_grad = any_requires_grad || t.requires_grad();
+  }
+  const bool anchor = torch::GradMode::is_enabled() && !any_requires_grad;
+  c10::intrusive_ptr<memory::detail::Segment> segment =
+      c10::make_intrusive<segment_type>(std::forward<F>(fn), std::forward<Args>(inputs)...);
+  segment->needs_backward = torch::GradMode::is_enabled();
+  auto outputs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return memory::detail::CheckpointFunction::apply(
+        segment, anchor ? torch::empty({0}, torch::requires_grad()) : torch::empty({0}), tensors[I]...);
+  }(std::make_index_sequence<n>{});
+  return memory::detail::Outputs<result_type>::unflatten(std::move(outputs));
+}
+
+/// Runs input through the children of seq in order, each one under
+/// checkpoint(): backward keeps only what enters each child.
+inline torch::Tensor checkpoint_sequential(const torch::nn::Sequential& seq, torch::Tensor input) {
+  for (const auto& child : *seq) {
+    // A copy of the AnyModule shares the module: backward calls the same one.
+    input = checkpoint([m = child](const torch::Tensor& x) mutable { return m.forward(x); },
+                       std::move(input));
+  }
+  return input;
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_MEMORY_CHECKPOINT_HPP
+// end <accel/memory/checkpoint.hpp>
+
+#endif  // ACCEL_MEMORY_HPP
+// end <accel/memory.hpp>
+// begin <accel/profiling.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the profiling area: the Chrome trace that
+/// Accelerator::profile returns, and merge_traces.
+#ifndef ACCEL_PROFILING_HPP
+#define ACCEL_PROFILING_HPP
+
+// begin <accel/profiling/trace.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::profiling::Trace, what Accelerator::profile returns:
+/// LibTorch's operators on this process, recorded while it lives and written
+/// as a Chrome trace (trace_dir/trace_rank<r>.json); merge_traces puts the
+/// ranks' files into one trace with a track per rank.
+#ifndef ACCEL_PROFILING_TRACE_HPP
+#define ACCEL_PROFILING_TRACE_HPP
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/torch.h>
+
+
+namespace accel::profiling {
+
+namespace detail {
+
+inline std::filesystem::path rank_file(const std::filesystem::path& dir, int rank) {
+  return dir / ("trace_rank" + std::to_string(rank) + ".json");
+}
+
+inline void write_json_atomic(const std::filesystem::path& file, const nlohmann::json& j) {
+  auto tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    ACCEL_CHECK(out.good(), "accel: cannot write the trace file '", tmp.string(),
+                "'. Give profile() a directory this process can write to.");
+    out << j.dump();
+    ACCEL_CHECK(out.good(), "accel: writing the trace file '", tmp.string(), "' failed. Check the free space.");
+  }
+  std::filesystem::rename(tmp, file);
+}
+
+}  // namespace detail
+
+/// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
+/// for this process) records while the Trace lives. stop() or the destructor
+/// writes trace_dir/trace_rank<r>.json in the Chrome trace event format
+/// (complete "X" events; pid = rank; timestamps in microseconds since the
+/// epoch, so the ranks' files line up when merged). Movable, not copyable.
+class Trace {
+ public:
+  Trace(std::filesystem::path trace_dir, int rank)
+      : impl_(std::make_unique<Impl>(std::move(trace_dir), rank)) {}
+  Trace(Trace&&) noexcept = default;
+  Trace& operator=(Trace&&) noexcept = default;
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+  ~Trace() {
+    try {
+      stop();
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";  // a destructor must not throw
+    }
+  }
+
+  /// Stops recording and writes the file (once); returns its path.
+  std::filesystem::path stop() {
+    if (!impl_) return {};
+    auto file = impl_->file;
+    impl_->finish();
+    impl_.reset();
+    return file;
+  }
+
+ private:
+  struct Impl {
+    Impl(std::filesystem::path dir, int r)
+        : rank(r), file(detail::rank_file(dir, r)),
+          start_us(static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count())) {
+      std::filesystem::create_directories(dir);
+      recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+    }
+    void finish() {
+      recorder.reset();  // stops the profiler and writes its events into raw
+      auto events = nlohmann::json::parse(raw.str());
+      nlohmann::json out = nlohmann::json::array();
+      out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0},
+                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
+      for (auto& e : events) {
+        e["pid"] = rank;
+        e["ts"] = e.value("ts", 0.0) + start_us;
+        out.push_back(std::move(e));
+      }
+      detail::write_json_atomic(file, out);
+    }
+    int rank;
+    std::filesystem::path file;
+    double start_us;
+    std::stringstream raw;
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> recorder;
+  };
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Merges trace_rank0.json .. trace_rank<world-1>.json of trace_dir into
+/// trace_dir/trace.json (one track per rank); call it once every rank's
+/// Trace is gone (after wait_for_everyone()), on one process.
+inline std::filesystem::path merge_traces(const std::filesystem::path& trace_dir, int world_size) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    const auto file = detail::rank_file(trace_dir, r);
+    std::ifstream in(file);
+    ACCEL_CHECK(in.good(), "accel: the trace of rank ", r, " ('", file.string(),
+                "') is missing. Merge after every rank's profile() object is gone.");
+    for (auto& e : nlohmann::json::parse(in)) events.push_back(std::move(e));
+  }
+  const auto merged = trace_dir / "trace.json";
+  detail::write_json_atomic(merged, {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}});
+  return merged;
+}
+
+}  // namespace accel::profiling
+
+#endif  // ACCEL_PROFILING_TRACE_HPP
+// end <accel/profiling/trace.hpp>
+
+#endif  // ACCEL_PROFILING_HPP
+// end <accel/profiling.hpp>
 // begin <accel/launch.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the launch area's public surface: accel::LaunchOptions and
@@ -6191,6 +6926,17 @@ struct LaunchOptions {
   /// (a shared filesystem). Node 0 picks a free port and writes it there;
   /// the other nodes wait for it. Node 0 removes the file when its launch ends.
   std::optional<std::string> rendezvous_file = std::nullopt;
+
+  // --- elastic restarts (API.md section 7; docs/launching.md "Fault tolerance") ---
+  /// When a worker fails (throws, exits non-zero, dies by a signal, or hangs:
+  /// monitor_interval), every worker is stopped and the whole group started
+  /// again, up to this many times; each attempt sees TORCHELASTIC_RESTART_COUNT
+  /// (accel::restart_count()). One node only.
+  int max_restarts = 0;
+  /// Hang detection: a worker that made progress (runtime::heartbeat(): each
+  /// batch of a prepared loader, each completed collective) and then makes
+  /// none for this long is killed and counts as failed. Unset: none.
+  std::optional<std::chrono::seconds> monitor_interval = std::nullopt;
 };
 
 }  // namespace accel
@@ -6217,6 +6963,208 @@ struct LaunchOptions {
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+
+// begin <accel/launch/detail/elastic.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the elastic loop shared by notebook_launcher and `accel
+/// launch`: start the worker group, and when a worker fails start the whole
+/// group again, up to LaunchOptions::max_restarts times. The worker pool
+/// already stops a failed group; this only decides whether to go again, with
+/// which port, and says so. Free of LibTorch (the `accel` command uses it).
+#ifndef ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
+#define ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
+
+#include <iostream>
+#include <ostream>
+#include <string>
+#include <utility>
+
+// begin <accel/launch/detail/ports.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines free-port selection and the "is this port taken" check used
+/// before a rendezvous is hosted on main_process_port.
+#ifndef ACCEL_LAUNCH_DETAIL_PORTS_HPP
+#define ACCEL_LAUNCH_DETAIL_PORTS_HPP
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+
+namespace accel::detail {
+
+/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
+/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
+/// or -errno.
+inline int bind_tcp(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  // An address of this machine we cannot bind to (a hostname, another host's
+  // address) still tells us whether the port is free on all interfaces.
+  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  }
+  if (rc != 0 || ::listen(fd, 1) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+/// A port that is free on addr now (the kernel's choice for port 0). Another
+/// process may take it before we use it; the window is short.
+inline int pick_free_port(const std::string& addr = "127.0.0.1") {
+  const int fd = bind_tcp(addr, 0);
+  if (fd < 0)
+    throw Error("accel: cannot find a free port on " + addr + " (" + std::strerror(-fd) +
+                "). Pass a fixed --main_process_port.");
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  if (rc != 0)
+    throw Error("accel: cannot read back the free port chosen on " + addr +
+                ". Pass a fixed --main_process_port.");
+  return ntohs(sa.sin_port);
+}
+
+/// Throws when addr:port cannot be listened on because something holds it.
+inline void ensure_port_free(const std::string& addr, int port) {
+  const int fd = bind_tcp(addr, port);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  if (fd == -EADDRINUSE)
+    throw Error("accel: port " + std::to_string(port) + " on " + addr +
+                " is already in use. Pick another --main_process_port, or pass "
+                "--main_process_port 0 to let accel choose a free one.");
+  if (fd == -EACCES)
+    throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
+                "a --main_process_port above 1023, or 0 to let accel choose.");
+}
+
+/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
+class RemoveAtExit {
+ public:
+  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
+  RemoveAtExit(const RemoveAtExit&) = delete;
+  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
+  ~RemoveAtExit() { std::remove(path_.c_str()); }
+
+ private:
+  std::string path_;
+};
+
+/// Several nodes: node 0 takes `preferred` if it is free on addr (0: none),
+/// else a free port, and publishes it in `file` (written beside it, then
+/// renamed: readers see all of it or nothing); every other node waits for the
+/// file until `deadline`. A file left by an earlier launch is replaced.
+inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
+                              std::chrono::steady_clock::time_point deadline, int preferred = 0) {
+  namespace fs = std::filesystem;
+  constexpr const char* kTag = "accel-rendezvous-port";
+  if (node_rank == 0) {
+    int port = preferred;
+    if (port != 0) {
+      const int fd = bind_tcp(addr, port);
+      if (fd >= 0) ::close(fd);
+      else port = 0;
+    }
+    if (port == 0) port = pick_free_port(addr);
+    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kTag << ' ' << port << '\n';
+      out.flush();
+      if (!out)
+        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
+                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
+    }
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec)
+      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
+                  "). Give a rendezvous_file in a writable directory that all nodes share.");
+    return port;
+  }
+  for (;;) {
+    std::ifstream in(file);
+    std::string tag;
+    int port = 0;
+    if (in >> tag >> port) {
+      if (tag != kTag || port < 1 || port > 65535)
+        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
+                    std::to_string(port) + "'). Give a path that only accel launches use.");
+      return port;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw TimeoutError("accel: node " + std::to_string(node_rank) +
+                         " waited for node 0 to write the port it chose to '" + file +
+                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
+                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
+// end <accel/launch/detail/ports.hpp>
+// begin <accel/launch/detail/worker_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
+/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
+/// command (fork and exec a program): it starts workers, waits for them with a
+/// deadline, stops all of them when one fails, and never leaves one behind.
+#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
 
 // begin <accel/launch/detail/posix.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -6495,6 +7443,673 @@ class StopSignalGuard {
 
 #endif  // ACCEL_LAUNCH_DETAIL_POSIX_HPP
 // end <accel/launch/detail/posix.hpp>
+
+extern char** environ;
+
+namespace accel::detail::launch {
+
+/// How a worker ended (or that it has not yet).
+enum class WorkerStatus { Running, Succeeded, Threw, Exited, Signaled, Stopped };
+
+struct WorkerResult {
+  int rank = -1;
+  pid_t pid = -1;
+  WorkerStatus status = WorkerStatus::Running;
+  int code = 0;         ///< exit status, or the signal number (Signaled, Stopped)
+  std::string message;  ///< exception text, "exited with status N", "killed by signal SIGSEGV"
+
+  bool failed() const {
+    return status == WorkerStatus::Threw || status == WorkerStatus::Exited ||
+           status == WorkerStatus::Signaled;
+  }
+  /// Shell convention: 0, the exit status, or 128 + signal.
+  int exit_code() const {
+    if (status == WorkerStatus::Signaled || status == WorkerStatus::Stopped) return 128 + code;
+    return code;
+  }
+};
+
+struct PoolOutcome {
+  std::vector<WorkerResult> workers;          ///< in spawn order
+  /// The cause: the first worker seen failing by itself, not because another
+  /// one did (accel::detail::caused_by_another_process); else the first seen.
+  std::optional<WorkerResult> first_failure;
+  bool timed_out = false;                     ///< the pool's deadline passed first
+  int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
+
+  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
+  /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
+  /// else the first failure's exit code (at least 1), else 0.
+  int exit_code() const {
+    if (interrupted_by != 0) return 128 + interrupted_by;
+    if (timed_out) return 124;
+    if (first_failure) return std::max(1, first_failure->exit_code());
+    return 0;
+  }
+  /// What became of the others: "process 0 failed because of it; process 2
+  /// was stopped", or "" when there were no others. A process that failed by
+  /// itself too is listed with its own message.
+  std::string others_summary() const {
+    std::vector<int> because, stopped;
+    std::string independent;
+    for (const auto& w : workers) {
+      if (first_failure && w.rank == first_failure->rank) continue;
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) {
+        stopped.push_back(w.rank);
+      } else if (w.failed() && accel::detail::caused_by_another_process(w.message)) {
+        because.push_back(w.rank);
+      } else if (w.failed()) {
+        const std::string msg = w.message.size() > 300 ? w.message.substr(0, 300) + "..." : w.message;
+        independent += (independent.empty() ? "" : "; ") + std::string("process ") +
+                       std::to_string(w.rank) + " failed too: " + msg;
+      }
+    }
+    const auto join = [](const std::vector<int>& ranks, const char* one, const char* many) {
+      std::string s = ranks.size() == 1 ? "process " : "processes ";
+      for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+      return s + (ranks.size() == 1 ? one : many);
+    };
+    std::string out;
+    const auto add = [&out](const std::string& part) { out += (out.empty() ? "" : "; ") + part; };
+    if (!because.empty()) add(join(because, " failed because of it", " failed because of it"));
+    if (!independent.empty()) add(independent);
+    if (!stopped.empty()) add(join(stopped, " was stopped", " were stopped"));
+    return out;
+  }
+  /// Ranks that were still running when the pool stopped them.
+  std::vector<int> stopped_ranks() const {
+    std::vector<int> r;
+    for (const auto& w : workers)
+      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) r.push_back(w.rank);
+    return r;
+  }
+};
+
+struct PoolOptions {
+  /// Bound on the whole run, from the pool's construction to the end of wait().
+  std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
+  /// Between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds grace{std::chrono::seconds{5}};
+  /// After a first failure, how long the others may take to end by
+  /// themselves before they are stopped: processes that fail because of it
+  /// then say so, and the report names the one that failed first by itself.
+  std::chrono::milliseconds settle{std::chrono::seconds{2}};
+  /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
+  bool prefix_output = false;
+  /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
+  /// process's stdout/stderr, one write per line so ranks never interleave mid-line.
+  std::function<void(int rank, int stream, std::string_view line)> on_output;
+  /// SIGINT/SIGTERM/SIGHUP to this process stop the workers and end wait().
+  bool handle_signals = true;
+  /// Hang detection (LaunchOptions::monitor_interval): each worker gets a file
+  /// (ACCEL_HEARTBEAT_FILE) whose time runtime::heartbeat() advances. A worker
+  /// that has beaten and then does not for this long is killed (SIGKILL) and
+  /// counts as failed. Workers that never beat are never judged.
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
+};
+
+/// "[rank 3] " + line: the default prefix of forwarded output.
+inline std::string prefixed_line(int rank, std::string_view line) {
+  std::string s = "[rank " + std::to_string(rank) + "] ";
+  s.append(line);
+  s.push_back('\n');
+  return s;
+}
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(PoolOptions options = {})
+      : options_(std::move(options)), start_(Clock::now()) {
+    if (options_.handle_signals) signals_.emplace();
+    if (options_.heartbeat_timeout) make_heartbeat_dir();
+    // With SIGCHLD ignored the kernel reaps children itself and waitpid could
+    // not report how they ended: use the default while the pool lives.
+    struct sigaction current {};
+    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
+      restore_sigchld_ = true;
+    }
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  /// Stops and reaps whatever is still running.
+  ~WorkerPool() {
+    try {
+      if (running() > 0) stop_all();
+    } catch (...) {
+    }
+    if (restore_sigchld_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+    if (!heartbeat_dir_.empty()) {
+      for (const auto& w : workers_)
+        if (!w.heartbeat.empty()) ::unlink(w.heartbeat.c_str());
+      ::rmdir(heartbeat_dir_.c_str());
+    }
+  }
+
+  /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
+  /// exception, its what() goes to the parent and the exit status is 1. The
+  /// child never returns into the caller and never runs atexit handlers.
+  pid_t spawn(int rank, const EnvList& given, std::function<void()> fn) {
+    const EnvList env = with_heartbeat(rank, given);
+    return fork_worker(rank, [&](int err_fd) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      int code = 0;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        report(err_fd, e.what());
+        code = 1;
+      } catch (...) {
+        report(err_fd, "unknown exception (not derived from std::exception)");
+        code = 1;
+      }
+      flush_stdio();
+      ::_exit(code);
+    });
+  }
+
+  /// Forks a worker that execs argv (argv[0] searched in PATH) with this
+  /// process's environment plus `env`. Exec failure: status 127 and a message.
+  pid_t spawn_exec(int rank, const EnvList& given, const std::vector<std::string>& argv) {
+    if (argv.empty())
+      throw Error("accel: spawn_exec() got an empty command line. Pass the program to run first.");
+    const EnvList env = with_heartbeat(rank, given);
+    // Everything is prepared before fork: the child only makes async-signal-safe calls.
+    std::vector<std::string> envs;
+    for (char** e = environ; e && *e; ++e) {
+      std::string_view entry(*e);
+      std::string_view key = entry.substr(0, entry.find('='));
+      bool overridden = false;
+      for (const auto& kv : env) overridden = overridden || kv.first == key;
+      if (!overridden) envs.emplace_back(entry);
+    }
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+    cargv.push_back(nullptr);
+    cenv.push_back(nullptr);
+    const std::string failure = "cannot execute '" + argv[0] + "': ";
+    return fork_worker(rank, [&](int err_fd) {
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      const char* why = std::strerror(errno);
+      write_all(err_fd, failure.data(), failure.size());
+      write_all(err_fd, why, std::strlen(why));
+      ::_exit(127);
+    });
+  }
+
+  /// Waits until every worker has ended, one failed (the others are then
+  /// stopped), the deadline passed, or this process got SIGINT/SIGTERM/SIGHUP.
+  /// Everything has been reaped when it returns (unless stuck in the kernel).
+  PoolOutcome wait() {
+    PoolOutcome out;
+    const auto deadline = start_ + options_.timeout;
+    std::vector<std::size_t> failed;  // in the order seen
+    while (running() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+      if (failed.empty() && options_.heartbeat_timeout) check_heartbeats();
+      if (!failed.empty()) {
+        settle(failed);
+        stop_all();
+        break;
+      }
+      if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
+        out.interrupted_by = sig;
+        stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
+        break;
+      }
+      if (running() > 0 && Clock::now() >= deadline) {
+        out.timed_out = true;
+        stop_all();
+        break;
+      }
+    }
+    pump(0);
+    for (auto& w : workers_) {
+      flush_partial(w);
+      out.workers.push_back(w.result);
+    }
+    if (!failed.empty()) {
+      const auto cause = std::find_if(failed.begin(), failed.end(), [&](std::size_t i) {
+        return !accel::detail::caused_by_another_process(workers_[i].result.message);
+      });
+      out.first_failure = workers_[cause != failed.end() ? *cause : failed.front()].result;
+    }
+    return out;
+  }
+
+  /// Lets the other workers end by themselves for up to options_.settle,
+  /// adding those that fail to `failed`.
+  void settle(std::vector<std::size_t>& failed) {
+    const auto until = Clock::now() + options_.settle;
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      for (std::size_t i : reap())
+        if (workers_[i].result.failed()) failed.push_back(i);
+    }
+  }
+
+  /// `first` (SIGTERM) to every running worker's process group, SIGKILL to
+  /// those still there after the grace period, and reap them (bounded wait).
+  void stop_all(int first = SIGTERM) {
+    stopping_ = true;
+    signal_running(first);
+    wait_until(Clock::now() + options_.grace);
+    if (running() > 0) {
+      signal_running(SIGKILL);
+      wait_until(Clock::now() + std::chrono::seconds(10));
+    }
+  }
+
+  std::size_t running() const {
+    std::size_t n = 0;
+    for (const auto& w : workers_) n += w.result.status == WorkerStatus::Running;
+    return n;
+  }
+  std::size_t size() const { return workers_.size(); }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> p;
+    for (const auto& w : workers_) p.push_back(w.result.pid);
+    return p;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Worker {
+    WorkerResult result;
+    Fd err, out, errout;  // parent's read ends: error report, captured stdout/stderr
+    std::string err_text, out_buf, errout_buf;
+    std::string heartbeat;   ///< its ACCEL_HEARTBEAT_FILE, "" without hang detection
+    timespec created{};      ///< the file's time before the worker started
+    bool beating = false;    ///< it has beaten at least once
+    double hung_for = 0;     ///< > 0: killed as hung after this many seconds without a beat
+  };
+
+  using RealClock = std::chrono::system_clock;
+
+  void make_heartbeat_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                          "/accel-heartbeat-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw Error(std::string("accel: cannot create a directory for the heartbeat files of hang "
+                              "detection (") + std::strerror(errno) + "). Set TMPDIR to a "
+                  "writable directory, or launch without a monitor interval.");
+    heartbeat_dir_ = pattern;
+  }
+
+  /// env plus this worker's heartbeat file (created now, its time remembered).
+  EnvList with_heartbeat(int rank, const EnvList& env) {
+    pending_heartbeat_.clear();
+    if (heartbeat_dir_.empty()) return env;
+    const std::string path = heartbeat_dir_ + "/rank_" + std::to_string(rank) + "_" +
+                             std::to_string(workers_.size());
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      const int e = errno;
+      if (fd >= 0) ::close(fd);
+      throw Error("accel: cannot create the heartbeat file '" + path + "' (" + std::strerror(e) +
+                  "). Set TMPDIR to a writable directory, or launch without a monitor interval.");
+    }
+    ::close(fd);
+    pending_heartbeat_ = path;
+    pending_created_ = st.st_mtim;
+    EnvList out = env;
+    out.emplace_back("ACCEL_HEARTBEAT_FILE", path);
+    return out;
+  }
+
+  /// Kills the worker that has gone longest without a beat, if that is more
+  /// than the timeout (one at a time: the others, blocked in a collective
+  /// with it, stop beating too, and are the ones that failed because of it).
+  void check_heartbeats() {
+    const auto now = Clock::now();
+    if (now - last_heartbeat_check_ < std::chrono::milliseconds(100)) return;
+    last_heartbeat_check_ = now;
+    const double limit = std::chrono::duration<double>(*options_.heartbeat_timeout).count();
+    const double wall = std::chrono::duration<double>(RealClock::now().time_since_epoch()).count();
+    Worker* worst = nullptr;
+    double worst_age = limit;
+    for (auto& w : workers_) {
+      if (w.result.status != WorkerStatus::Running || w.heartbeat.empty() || w.hung_for > 0) continue;
+      struct stat st {};
+      if (::stat(w.heartbeat.c_str(), &st) != 0) continue;
+      if (!w.beating) {
+        w.beating = st.st_mtim.tv_sec != w.created.tv_sec || st.st_mtim.tv_nsec != w.created.tv_nsec;
+        if (!w.beating) continue;
+      }
+      const double age = wall - (static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9);
+      if (age > worst_age) {
+        worst = &w;
+        worst_age = age;
+      }
+    }
+    if (worst == nullptr) return;
+    worst->hung_for = worst_age;
+    if (::kill(-worst->result.pid, SIGKILL) != 0) ::kill(worst->result.pid, SIGKILL);
+  }
+
+  static void report(int fd, const char* what) noexcept {
+    std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
+    if (n == 0) {
+      what = "an exception with an empty message";
+      n = std::strlen(what);
+    }
+    write_all(fd, what, n);
+  }
+
+  static void flush_stdio() noexcept {
+    try {
+      std::cout.flush();
+      std::cerr.flush();
+      std::clog.flush();
+    } catch (...) {
+    }
+    std::fflush(nullptr);
+  }
+
+  template <class Child>
+  pid_t fork_worker(int rank, Child&& child) {
+    // Unflushed parent output would be duplicated by every child that flushes.
+    flush_stdio();
+    Pipe err = Pipe::make();
+    std::optional<Pipe> out, errout;
+    if (options_.prefix_output) {
+      out = Pipe::make();
+      errout = Pipe::make();
+    }
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      int e = errno;
+      stop_all();
+      throw Error(std::string("accel: cannot fork worker ") + std::to_string(rank) + " (" +
+                  std::strerror(e) + "). Launch fewer processes or raise the process limit.");
+    }
+    if (pid == 0) {
+      // Own process group: stopping a worker also stops whatever it started.
+      ::setpgid(0, 0);
+#ifdef __linux__
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: do not linger
+      if (::getppid() != parent) ::_exit(1);
+#endif
+      // Default dispositions: the launcher, not inherited test-framework or
+      // user handlers, reports a worker's crash.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL})
+        ::signal(sig, SIG_DFL);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      StopSignalGuard::forget_after_fork();
+      if (out) {
+        ::dup2(out->write.get(), STDOUT_FILENO);
+        ::dup2(errout->write.get(), STDERR_FILENO);
+      }
+      child(err.write.get());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also from the parent, so signalling the group never races
+    Worker w;
+    w.result.rank = rank;
+    w.result.pid = pid;
+    w.err = std::move(err.read);
+    w.heartbeat = std::move(pending_heartbeat_);
+    w.created = pending_created_;
+    if (out) {
+      w.out = std::move(out->read);
+      w.errout = std::move(errout->read);
+    }
+    workers_.push_back(std::move(w));
+    return pid;
+  }
+
+  void signal_running(int sig) {
+    for (const auto& w : workers_) {
+      if (w.result.status != WorkerStatus::Running) continue;
+      if (::kill(-w.result.pid, sig) != 0) ::kill(w.result.pid, sig);
+    }
+  }
+
+  void wait_until(Clock::time_point until) {
+    while (running() > 0 && Clock::now() < until) {
+      pump(10);
+      reap();
+    }
+  }
+
+  /// Polls the signal pipe and every open worker pipe for up to timeout_ms,
+  /// and consumes what is readable.
+  void pump(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, int>> owner;  // which worker, which stream (0 err, 1, 2)
+    if (signals_ && signals_->fd() >= 0) {
+      fds.push_back({signals_->fd(), POLLIN, 0});
+      owner.emplace_back(nullptr, 0);
+    }
+    for (auto& w : workers_) {
+      for (auto [fd, stream] : {std::pair{&w.err, 0}, {&w.out, 1}, {&w.errout, 2}}) {
+        if (!fd->valid()) continue;
+        fds.push_back({fd->get(), POLLIN, 0});
+        owner.emplace_back(&w, stream);
+      }
+    }
+    if (fds.empty()) {
+      if (timeout_ms > 0) ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (owner[i].first == nullptr) {
+        std::string drop;
+        read_available(fds[i].fd, drop);
+        continue;
+      }
+      consume(*owner[i].first, owner[i].second);
+    }
+  }
+
+  void consume(Worker& w, int stream) {
+    Fd& fd = stream == 0 ? w.err : stream == 1 ? w.out : w.errout;
+    std::string& buf = stream == 0 ? w.err_text : stream == 1 ? w.out_buf : w.errout_buf;
+    bool open = read_available(fd.get(), buf);
+    if (!open) fd.reset();
+    if (stream == 0) {
+      if (buf.size() > 64 * 1024) buf.resize(64 * 1024);
+      return;
+    }
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+      emit(w.result.rank, stream, std::string_view(buf).substr(start, nl - start));
+    buf.erase(0, start);
+    if (buf.size() > 64 * 1024 || (!open && !buf.empty())) {
+      emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  void emit(int rank, int stream, std::string_view line) {
+    if (options_.on_output) {
+      options_.on_output(rank, stream, line);
+      return;
+    }
+    std::string s = prefixed_line(rank, line);
+    write_all(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, s.data(), s.size());
+  }
+
+  void flush_partial(Worker& w) {
+    for (int stream : {1, 2}) {
+      std::string& buf = stream == 1 ? w.out_buf : w.errout_buf;
+      if (!buf.empty()) emit(w.result.rank, stream, buf);
+      buf.clear();
+    }
+  }
+
+  /// Reaps the workers that ended; returns their indices in spawn order.
+  std::vector<std::size_t> reap() {
+    std::vector<std::size_t> ended;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.result.status != WorkerStatus::Running) continue;
+      int st = 0;
+      pid_t r = ::waitpid(w.result.pid, &st, WNOHANG);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      // The child is gone: whatever it wrote before exiting is in the pipes.
+      for (int stream : {0, 1, 2})
+        if ((stream == 0 ? w.err : stream == 1 ? w.out : w.errout).valid()) consume(w, stream);
+      classify(w, r < 0 ? -1 : st);
+      ended.push_back(i);
+    }
+    return ended;
+  }
+
+  void classify(Worker& w, int st) {
+    WorkerResult& r = w.result;
+    if (st < 0) {  // not our child any more (someone else reaped it)
+      r.status = WorkerStatus::Exited;
+      r.code = 1;
+      r.message = "vanished (reaped by someone else)";
+    } else if (WIFEXITED(st)) {
+      r.code = WEXITSTATUS(st);
+      if (r.code == 0) {
+        r.status = WorkerStatus::Succeeded;  // it returned normally, even if a stop was under way
+      } else if (!w.err_text.empty()) {
+        r.status = WorkerStatus::Threw;
+        r.message = w.err_text;
+      } else {
+        r.status = WorkerStatus::Exited;
+        r.message = "exited with status " + std::to_string(r.code);
+      }
+      if (stopping_ && r.status == WorkerStatus::Exited) r.status = WorkerStatus::Stopped;
+    } else if (WIFSIGNALED(st) && w.hung_for > 0) {
+      r.code = WTERMSIG(st);
+      r.status = WorkerStatus::Signaled;  // a failure of its own, even if a stop began since
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", w.hung_for);
+      r.message = std::string("made no progress (no heartbeat) for ") + secs +
+                  " s, more than the monitor interval of " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                     *options_.heartbeat_timeout).count()) +
+                  " s; it was killed as hung";
+    } else if (WIFSIGNALED(st)) {
+      r.code = WTERMSIG(st);
+      r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
+      r.message = (stopping_ ? "stopped by signal " : "killed by signal ") + signal_name(r.code);
+      if (!stopping_ && !w.err_text.empty()) r.message = w.err_text + " (then " + r.message + ")";
+    }
+  }
+
+  PoolOptions options_;
+  Clock::time_point start_;
+  std::optional<StopSignalGuard> signals_;
+  std::vector<Worker> workers_;
+  bool stopping_ = false;
+  bool restore_sigchld_ = false;
+  std::string heartbeat_dir_;       ///< "" without hang detection
+  std::string pending_heartbeat_;   ///< with_heartbeat() -> fork_worker()
+  timespec pending_created_{};
+  Clock::time_point last_heartbeat_check_{};
+  struct sigaction old_sigchld_ {};
+};
+
+/// Runs f() on a new thread, waits for it and returns its result (or rethrows).
+/// Fork C++-function workers from such a thread: a child inherits the forking
+/// thread's GNU OpenMP pool, whose threads do not exist in the child, so its
+/// first parallel region would hang; a fresh thread has no pool. The thread must
+/// outlive the workers, because PR_SET_PDEATHSIG follows the forking thread.
+template <class F>
+auto on_fresh_thread(F&& f) -> decltype(f()) {
+  std::optional<decltype(f())> result;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      result.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) std::rethrow_exception(error);
+  return std::move(*result);
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+// end <accel/launch/detail/worker_pool.hpp>
+
+namespace accel::detail::launch {
+
+/// The last attempt's outcome, and which attempt it was (0 = the first).
+struct ElasticOutcome {
+  PoolOutcome outcome;
+  int attempt = 0;
+};
+
+/// "process 1 failed on attempt 1 of 3: killed by signal SIGKILL; process 0 was stopped".
+inline std::string attempt_failure(const PoolOutcome& out, int attempt, int attempts) {
+  const auto& w = *out.first_failure;
+  std::string msg = w.message.size() > 500 ? w.message.substr(0, 500) + "..." : w.message;
+  const std::string others = out.others_summary();
+  return "process " + std::to_string(w.rank) + " failed on attempt " + std::to_string(attempt + 1) +
+         " of " + std::to_string(attempts) + ": " + msg + (others.empty() ? "" : "; " + others);
+}
+
+/// The rendezvous port of a restart. The workers of the failed attempt are
+/// gone, but the port may still be held (their connections in TIME_WAIT are
+/// not a problem: the store binds with SO_REUSEADDR; another program that
+/// took it meanwhile is). One node owns all workers, so it can move them to
+/// a free port: always when any port would do (master_port 0), else only
+/// when the given one cannot be listened on.
+inline int restart_port(const LaunchOptions& o, bool any_port) {
+  if (any_port) return pick_free_port(o.master_addr);
+  const int fd = bind_tcp(o.master_addr, o.master_port);
+  if (fd >= 0) {
+    ::close(fd);
+    return o.master_port;
+  }
+  return pick_free_port(o.master_addr);
+}
+
+/// Runs start(options, attempt) -> PoolOutcome, and again, with a new
+/// attempt number (and maybe port), while a worker failed and restarts are
+/// left. A timeout or a signal to the launcher ends the loop at once.
+/// any_port: the user left the port to accel (master_port 0).
+template <class Start>
+ElasticOutcome run_elastic(LaunchOptions o, bool any_port, Start&& start,
+                           std::ostream& log = std::cerr) {
+  const int attempts = o.max_restarts + 1;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      const int port = restart_port(o, any_port);
+      if (port != o.master_port && !any_port)
+        log << "accel: port " << o.master_port << " is taken; the restarted processes meet on "
+            << "port " << port << "." << std::endl;
+      o.master_port = port;
+    }
+    PoolOutcome out = start(static_cast<const LaunchOptions&>(o), attempt);
+    const bool failed = out.first_failure && !out.timed_out && out.interrupted_by == 0;
+    if (!failed || attempt + 1 >= attempts) return {std::move(out), attempt};
+    log << "accel: " << attempt_failure(out, attempt, attempts) << ". Restarting "
+        << (o.num_processes == 1 ? std::string("the process")
+                                 : "all " + std::to_string(o.num_processes) + " processes")
+        << " (restart " << attempt + 1 << " of " << o.max_restarts << ")." << std::endl;
+  }
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
+// end <accel/launch/detail/elastic.hpp>
 // begin <accel/launch/detail/rank_env.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines what any accel launcher decides before starting workers: the
@@ -6521,159 +8136,6 @@ class StopSignalGuard {
 #include <string>
 #include <string_view>
 
-// begin <accel/launch/detail/ports.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines free-port selection and the "is this port taken" check used
-/// before a rendezvous is hosted on main_process_port.
-#ifndef ACCEL_LAUNCH_DETAIL_PORTS_HPP
-#define ACCEL_LAUNCH_DETAIL_PORTS_HPP
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <string>
-#include <thread>
-#include <utility>
-
-
-namespace accel::detail {
-
-/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
-/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
-/// or -errno.
-inline int bind_tcp(const std::string& addr, int port) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  // An address of this machine we cannot bind to (a hostname, another host's
-  // address) still tells us whether the port is free on all interfaces.
-  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  }
-  if (rc != 0 || ::listen(fd, 1) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
-  }
-  return fd;
-}
-
-/// A port that is free on addr now (the kernel's choice for port 0). Another
-/// process may take it before we use it; the window is short.
-inline int pick_free_port(const std::string& addr = "127.0.0.1") {
-  const int fd = bind_tcp(addr, 0);
-  if (fd < 0)
-    throw Error("accel: cannot find a free port on " + addr + " (" + std::strerror(-fd) +
-                "). Pass a fixed --main_process_port.");
-  sockaddr_in sa{};
-  socklen_t len = sizeof sa;
-  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  if (rc != 0)
-    throw Error("accel: cannot read back the free port chosen on " + addr +
-                ". Pass a fixed --main_process_port.");
-  return ntohs(sa.sin_port);
-}
-
-/// Throws when addr:port cannot be listened on because something holds it.
-inline void ensure_port_free(const std::string& addr, int port) {
-  const int fd = bind_tcp(addr, port);
-  if (fd >= 0) {
-    ::close(fd);
-    return;
-  }
-  if (fd == -EADDRINUSE)
-    throw Error("accel: port " + std::to_string(port) + " on " + addr +
-                " is already in use. Pick another --main_process_port, or pass "
-                "--main_process_port 0 to let accel choose a free one.");
-  if (fd == -EACCES)
-    throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
-                "a --main_process_port above 1023, or 0 to let accel choose.");
-}
-
-/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
-class RemoveAtExit {
- public:
-  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
-  RemoveAtExit(const RemoveAtExit&) = delete;
-  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
-  ~RemoveAtExit() { std::remove(path_.c_str()); }
-
- private:
-  std::string path_;
-};
-
-/// Several nodes: node 0 takes `preferred` if it is free on addr (0: none),
-/// else a free port, and publishes it in `file` (written beside it, then
-/// renamed: readers see all of it or nothing); every other node waits for the
-/// file until `deadline`. A file left by an earlier launch is replaced.
-inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
-                              std::chrono::steady_clock::time_point deadline, int preferred = 0) {
-  namespace fs = std::filesystem;
-  constexpr const char* kTag = "accel-rendezvous-port";
-  if (node_rank == 0) {
-    int port = preferred;
-    if (port != 0) {
-      const int fd = bind_tcp(addr, port);
-      if (fd >= 0) ::close(fd);
-      else port = 0;
-    }
-    if (port == 0) port = pick_free_port(addr);
-    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << kTag << ' ' << port << '\n';
-      out.flush();
-      if (!out)
-        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
-                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
-    }
-    std::error_code ec;
-    fs::rename(tmp, file, ec);
-    if (ec)
-      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
-                  "). Give a rendezvous_file in a writable directory that all nodes share.");
-    return port;
-  }
-  for (;;) {
-    std::ifstream in(file);
-    std::string tag;
-    int port = 0;
-    if (in >> tag >> port) {
-      if (tag != kTag || port < 1 || port > 65535)
-        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
-                    std::to_string(port) + "'). Give a path that only accel launches use.");
-      return port;
-    }
-    if (std::chrono::steady_clock::now() > deadline)
-      throw TimeoutError("accel: node " + std::to_string(node_rank) +
-                         " waited for node 0 to write the port it chose to '" + file +
-                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
-                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-}  // namespace accel::detail
-
-#endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
-// end <accel/launch/detail/ports.hpp>
 
 namespace accel::detail::launch {
 
@@ -6711,6 +8173,15 @@ inline void validate(const LaunchOptions& o) {
               "address of node 0 (\"127.0.0.1\" on one machine).");
   ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
               " s. Give a positive timeout.");
+  ACCEL_CHECK(o.max_restarts >= 0, "accel: max_restarts is ", o.max_restarts,
+              ". Give 0 (a failure ends the launch) or the number of restarts allowed.");
+  ACCEL_CHECK(o.max_restarts == 0 || o.num_nodes == 1, "accel: max_restarts (", o.max_restarts,
+              ") with ", o.num_nodes, " nodes is not supported: a restart is decided on one "
+              "machine only. Use max_restarts with one node, or restart the launch of every node "
+              "from your job scheduler.");
+  ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
+              "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
+              " s. Give a positive number of seconds, or leave it unset (no hang detection).");
   if (o.mixed_precision) {
     const auto& m = *o.mixed_precision;
     ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
@@ -6722,7 +8193,10 @@ inline void validate(const LaunchOptions& o) {
 /// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
 /// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
 /// worker reaching another job's store leaves (runtime/store.hpp).
-inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {}) {
+/// restart: the attempt (TORCHELASTIC_RESTART_COUNT, 0 first), as torchrun sets
+/// it together with TORCHELASTIC_MAX_RESTARTS.
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {},
+                                int restart = 0) {
   EnvList env{
       {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
       {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
@@ -6731,6 +8205,8 @@ inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const st
       {"NODE_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
   if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
   if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);
@@ -6860,540 +8336,6 @@ inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
 
 #endif  // ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
 // end <accel/launch/detail/rank_env.hpp>
-// begin <accel/launch/detail/worker_pool.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
-/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
-/// command (fork and exec a program): it starts workers, waits for them with a
-/// deadline, stops all of them when one fails, and never leaves one behind.
-#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
-#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
-
-#include <poll.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
-
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <exception>
-#include <functional>
-#include <iostream>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <thread>
-#include <utility>
-#include <vector>
-
-
-extern char** environ;
-
-namespace accel::detail::launch {
-
-/// How a worker ended (or that it has not yet).
-enum class WorkerStatus { Running, Succeeded, Threw, Exited, Signaled, Stopped };
-
-struct WorkerResult {
-  int rank = -1;
-  pid_t pid = -1;
-  WorkerStatus status = WorkerStatus::Running;
-  int code = 0;         ///< exit status, or the signal number (Signaled, Stopped)
-  std::string message;  ///< exception text, "exited with status N", "killed by signal SIGSEGV"
-
-  bool failed() const {
-    return status == WorkerStatus::Threw || status == WorkerStatus::Exited ||
-           status == WorkerStatus::Signaled;
-  }
-  /// Shell convention: 0, the exit status, or 128 + signal.
-  int exit_code() const {
-    if (status == WorkerStatus::Signaled || status == WorkerStatus::Stopped) return 128 + code;
-    return code;
-  }
-};
-
-struct PoolOutcome {
-  std::vector<WorkerResult> workers;          ///< in spawn order
-  /// The cause: the first worker seen failing by itself, not because another
-  /// one did (accel::detail::caused_by_another_process); else the first seen.
-  std::optional<WorkerResult> first_failure;
-  bool timed_out = false;                     ///< the pool's deadline passed first
-  int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
-
-  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
-  /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
-  /// else the first failure's exit code (at least 1), else 0.
-  int exit_code() const {
-    if (interrupted_by != 0) return 128 + interrupted_by;
-    if (timed_out) return 124;
-    if (first_failure) return std::max(1, first_failure->exit_code());
-    return 0;
-  }
-  /// What became of the others: "process 0 failed because of it; process 2
-  /// was stopped", or "" when there were no others. A process that failed by
-  /// itself too is listed with its own message.
-  std::string others_summary() const {
-    std::vector<int> because, stopped;
-    std::string independent;
-    for (const auto& w : workers) {
-      if (first_failure && w.rank == first_failure->rank) continue;
-      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) {
-        stopped.push_back(w.rank);
-      } else if (w.failed() && accel::detail::caused_by_another_process(w.message)) {
-        because.push_back(w.rank);
-      } else if (w.failed()) {
-        const std::string msg = w.message.size() > 300 ? w.message.substr(0, 300) + "..." : w.message;
-        independent += (independent.empty() ? "" : "; ") + std::string("process ") +
-                       std::to_string(w.rank) + " failed too: " + msg;
-      }
-    }
-    const auto join = [](const std::vector<int>& ranks, const char* one, const char* many) {
-      std::string s = ranks.size() == 1 ? "process " : "processes ";
-      for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-      return s + (ranks.size() == 1 ? one : many);
-    };
-    std::string out;
-    const auto add = [&out](const std::string& part) { out += (out.empty() ? "" : "; ") + part; };
-    if (!because.empty()) add(join(because, " failed because of it", " failed because of it"));
-    if (!independent.empty()) add(independent);
-    if (!stopped.empty()) add(join(stopped, " was stopped", " were stopped"));
-    return out;
-  }
-  /// Ranks that were still running when the pool stopped them.
-  std::vector<int> stopped_ranks() const {
-    std::vector<int> r;
-    for (const auto& w : workers)
-      if (w.status == WorkerStatus::Stopped || w.status == WorkerStatus::Running) r.push_back(w.rank);
-    return r;
-  }
-};
-
-struct PoolOptions {
-  /// Bound on the whole run, from the pool's construction to the end of wait().
-  std::chrono::milliseconds timeout{std::chrono::seconds{1800}};
-  /// Between SIGTERM and SIGKILL when stopping workers.
-  std::chrono::milliseconds grace{std::chrono::seconds{5}};
-  /// After a first failure, how long the others may take to end by
-  /// themselves before they are stopped: processes that fail because of it
-  /// then say so, and the report names the one that failed first by itself.
-  std::chrono::milliseconds settle{std::chrono::seconds{2}};
-  /// Capture each worker's stdout/stderr and forward it line by line, prefixed.
-  bool prefix_output = false;
-  /// Where captured lines go (stream 1 or 2); default: "[rank N] line" to this
-  /// process's stdout/stderr, one write per line so ranks never interleave mid-line.
-  std::function<void(int rank, int stream, std::string_view line)> on_output;
-  /// SIGINT/SIGTERM/SIGHUP to this process stop the workers and end wait().
-  bool handle_signals = true;
-};
-
-/// "[rank 3] " + line: the default prefix of forwarded output.
-inline std::string prefixed_line(int rank, std::string_view line) {
-  std::string s = "[rank " + std::to_string(rank) + "] ";
-  s.append(line);
-  s.push_back('\n');
-  return s;
-}
-
-class WorkerPool {
- public:
-  explicit WorkerPool(PoolOptions options = {})
-      : options_(std::move(options)), start_(Clock::now()) {
-    if (options_.handle_signals) signals_.emplace();
-    // With SIGCHLD ignored the kernel reaps children itself and waitpid could
-    // not report how they ended: use the default while the pool lives.
-    struct sigaction current {};
-    if (::sigaction(SIGCHLD, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
-      restore_sigchld_ = true;
-    }
-  }
-  WorkerPool(const WorkerPool&) = delete;
-  WorkerPool& operator=(const WorkerPool&) = delete;
-  /// Stops and reaps whatever is still running.
-  ~WorkerPool() {
-    try {
-      if (running() > 0) stop_all();
-    } catch (...) {
-    }
-    if (restore_sigchld_) ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
-  }
-
-  /// Forks a worker that sets `env`, runs `fn` and exits: 0 on return; on an
-  /// exception, its what() goes to the parent and the exit status is 1. The
-  /// child never returns into the caller and never runs atexit handlers.
-  pid_t spawn(int rank, const EnvList& env, std::function<void()> fn) {
-    return fork_worker(rank, [&](int err_fd) {
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      int code = 0;
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        report(err_fd, e.what());
-        code = 1;
-      } catch (...) {
-        report(err_fd, "unknown exception (not derived from std::exception)");
-        code = 1;
-      }
-      flush_stdio();
-      ::_exit(code);
-    });
-  }
-
-  /// Forks a worker that execs argv (argv[0] searched in PATH) with this
-  /// process's environment plus `env`. Exec failure: status 127 and a message.
-  pid_t spawn_exec(int rank, const EnvList& env, const std::vector<std::string>& argv) {
-    if (argv.empty())
-      throw Error("accel: spawn_exec() got an empty command line. Pass the program to run first.");
-    // Everything is prepared before fork: the child only makes async-signal-safe calls.
-    std::vector<std::string> envs;
-    for (char** e = environ; e && *e; ++e) {
-      std::string_view entry(*e);
-      std::string_view key = entry.substr(0, entry.find('='));
-      bool overridden = false;
-      for (const auto& kv : env) overridden = overridden || kv.first == key;
-      if (!overridden) envs.emplace_back(entry);
-    }
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> cargv, cenv;
-    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
-    cargv.push_back(nullptr);
-    cenv.push_back(nullptr);
-    const std::string failure = "cannot execute '" + argv[0] + "': ";
-    return fork_worker(rank, [&](int err_fd) {
-      ::execvpe(cargv[0], cargv.data(), cenv.data());
-      const char* why = std::strerror(errno);
-      write_all(err_fd, failure.data(), failure.size());
-      write_all(err_fd, why, std::strlen(why));
-      ::_exit(127);
-    });
-  }
-
-  /// Waits until every worker has ended, one failed (the others are then
-  /// stopped), the deadline passed, or this process got SIGINT/SIGTERM/SIGHUP.
-  /// Everything has been reaped when it returns (unless stuck in the kernel).
-  PoolOutcome wait() {
-    PoolOutcome out;
-    const auto deadline = start_ + options_.timeout;
-    std::vector<std::size_t> failed;  // in the order seen
-    while (running() > 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      pump(static_cast<int>(std::clamp<long long>(left.count(), 0, 20)));
-      for (std::size_t i : reap())
-        if (workers_[i].result.failed()) failed.push_back(i);
-      if (!failed.empty()) {
-        settle(failed);
-        stop_all();
-        break;
-      }
-      if (int sig = signals_ ? StopSignalGuard::received() : 0; sig != 0) {
-        out.interrupted_by = sig;
-        stop_all(sig);  // forwarded as received: Ctrl-C reaches the workers as SIGINT
-        break;
-      }
-      if (running() > 0 && Clock::now() >= deadline) {
-        out.timed_out = true;
-        stop_all();
-        break;
-      }
-    }
-    pump(0);
-    for (auto& w : workers_) {
-      flush_partial(w);
-      out.workers.push_back(w.result);
-    }
-    if (!failed.empty()) {
-      const auto cause = std::find_if(failed.begin(), failed.end(), [&](std::size_t i) {
-        return !accel::detail::caused_by_another_process(workers_[i].result.message);
-      });
-      out.first_failure = workers_[cause != failed.end() ? *cause : failed.front()].result;
-    }
-    return out;
-  }
-
-  /// Lets the other workers end by themselves for up to options_.settle,
-  /// adding those that fail to `failed`.
-  void settle(std::vector<std::size_t>& failed) {
-    const auto until = Clock::now() + options_.settle;
-    while (running() > 0 && Clock::now() < until) {
-      pump(10);
-      for (std::size_t i : reap())
-        if (workers_[i].result.failed()) failed.push_back(i);
-    }
-  }
-
-  /// `first` (SIGTERM) to every running worker's process group, SIGKILL to
-  /// those still there after the grace period, and reap them (bounded wait).
-  void stop_all(int first = SIGTERM) {
-    stopping_ = true;
-    signal_running(first);
-    wait_until(Clock::now() + options_.grace);
-    if (running() > 0) {
-      signal_running(SIGKILL);
-      wait_until(Clock::now() + std::chrono::seconds(10));
-    }
-  }
-
-  std::size_t running() const {
-    std::size_t n = 0;
-    for (const auto& w : workers_) n += w.result.status == WorkerStatus::Running;
-    return n;
-  }
-  std::size_t size() const { return workers_.size(); }
-  std::vector<pid_t> pids() const {
-    std::vector<pid_t> p;
-    for (const auto& w : workers_) p.push_back(w.result.pid);
-    return p;
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-
-  struct Worker {
-    WorkerResult result;
-    Fd err, out, errout;  // parent's read ends: error report, captured stdout/stderr
-    std::string err_text, out_buf, errout_buf;
-  };
-
-  static void report(int fd, const char* what) noexcept {
-    std::size_t n = std::min<std::size_t>(std::strlen(what), 64 * 1024);
-    if (n == 0) {
-      what = "an exception with an empty message";
-      n = std::strlen(what);
-    }
-    write_all(fd, what, n);
-  }
-
-  static void flush_stdio() noexcept {
-    try {
-      std::cout.flush();
-      std::cerr.flush();
-      std::clog.flush();
-    } catch (...) {
-    }
-    std::fflush(nullptr);
-  }
-
-  template <class Child>
-  pid_t fork_worker(int rank, Child&& child) {
-    // Unflushed parent output would be duplicated by every child that flushes.
-    flush_stdio();
-    Pipe err = Pipe::make();
-    std::optional<Pipe> out, errout;
-    if (options_.prefix_output) {
-      out = Pipe::make();
-      errout = Pipe::make();
-    }
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      int e = errno;
-      stop_all();
-      throw Error(std::string("accel: cannot fork worker ") + std::to_string(rank) + " (" +
-                  std::strerror(e) + "). Launch fewer processes or raise the process limit.");
-    }
-    if (pid == 0) {
-      // Own process group: stopping a worker also stops whatever it started.
-      ::setpgid(0, 0);
-#ifdef __linux__
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died: do not linger
-      if (::getppid() != parent) ::_exit(1);
-#endif
-      // Default dispositions: the launcher, not inherited test-framework or
-      // user handlers, reports a worker's crash.
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL})
-        ::signal(sig, SIG_DFL);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      StopSignalGuard::forget_after_fork();
-      if (out) {
-        ::dup2(out->write.get(), STDOUT_FILENO);
-        ::dup2(errout->write.get(), STDERR_FILENO);
-      }
-      child(err.write.get());
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);  // also from the parent, so signalling the group never races
-    Worker w;
-    w.result.rank = rank;
-    w.result.pid = pid;
-    w.err = std::move(err.read);
-    if (out) {
-      w.out = std::move(out->read);
-      w.errout = std::move(errout->read);
-    }
-    workers_.push_back(std::move(w));
-    return pid;
-  }
-
-  void signal_running(int sig) {
-    for (const auto& w : workers_) {
-      if (w.result.status != WorkerStatus::Running) continue;
-      if (::kill(-w.result.pid, sig) != 0) ::kill(w.result.pid, sig);
-    }
-  }
-
-  void wait_until(Clock::time_point until) {
-    while (running() > 0 && Clock::now() < until) {
-      pump(10);
-      reap();
-    }
-  }
-
-  /// Polls the signal pipe and every open worker pipe for up to timeout_ms,
-  /// and consumes what is readable.
-  void pump(int timeout_ms) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker*, int>> owner;  // which worker, which stream (0 err, 1, 2)
-    if (signals_ && signals_->fd() >= 0) {
-      fds.push_back({signals_->fd(), POLLIN, 0});
-      owner.emplace_back(nullptr, 0);
-    }
-    for (auto& w : workers_) {
-      for (auto [fd, stream] : {std::pair{&w.err, 0}, {&w.out, 1}, {&w.errout, 2}}) {
-        if (!fd->valid()) continue;
-        fds.push_back({fd->get(), POLLIN, 0});
-        owner.emplace_back(&w, stream);
-      }
-    }
-    if (fds.empty()) {
-      if (timeout_ms > 0) ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
-      return;
-    }
-    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
-    for (std::size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      if (owner[i].first == nullptr) {
-        std::string drop;
-        read_available(fds[i].fd, drop);
-        continue;
-      }
-      consume(*owner[i].first, owner[i].second);
-    }
-  }
-
-  void consume(Worker& w, int stream) {
-    Fd& fd = stream == 0 ? w.err : stream == 1 ? w.out : w.errout;
-    std::string& buf = stream == 0 ? w.err_text : stream == 1 ? w.out_buf : w.errout_buf;
-    bool open = read_available(fd.get(), buf);
-    if (!open) fd.reset();
-    if (stream == 0) {
-      if (buf.size() > 64 * 1024) buf.resize(64 * 1024);
-      return;
-    }
-    std::size_t start = 0;
-    for (std::size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
-      emit(w.result.rank, stream, std::string_view(buf).substr(start, nl - start));
-    buf.erase(0, start);
-    if (buf.size() > 64 * 1024 || (!open && !buf.empty())) {
-      emit(w.result.rank, stream, buf);
-      buf.clear();
-    }
-  }
-
-  void emit(int rank, int stream, std::string_view line) {
-    if (options_.on_output) {
-      options_.on_output(rank, stream, line);
-      return;
-    }
-    std::string s = prefixed_line(rank, line);
-    write_all(stream == 1 ? STDOUT_FILENO : STDERR_FILENO, s.data(), s.size());
-  }
-
-  void flush_partial(Worker& w) {
-    for (int stream : {1, 2}) {
-      std::string& buf = stream == 1 ? w.out_buf : w.errout_buf;
-      if (!buf.empty()) emit(w.result.rank, stream, buf);
-      buf.clear();
-    }
-  }
-
-  /// Reaps the workers that ended; returns their indices in spawn order.
-  std::vector<std::size_t> reap() {
-    std::vector<std::size_t> ended;
-    for (std::size_t i = 0; i < workers_.size(); ++i) {
-      Worker& w = workers_[i];
-      if (w.result.status != WorkerStatus::Running) continue;
-      int st = 0;
-      pid_t r = ::waitpid(w.result.pid, &st, WNOHANG);
-      if (r == 0 || (r < 0 && errno == EINTR)) continue;
-      // The child is gone: whatever it wrote before exiting is in the pipes.
-      for (int stream : {0, 1, 2})
-        if ((stream == 0 ? w.err : stream == 1 ? w.out : w.errout).valid()) consume(w, stream);
-      classify(w, r < 0 ? -1 : st);
-      ended.push_back(i);
-    }
-    return ended;
-  }
-
-  void classify(Worker& w, int st) {
-    WorkerResult& r = w.result;
-    if (st < 0) {  // not our child any more (someone else reaped it)
-      r.status = WorkerStatus::Exited;
-      r.code = 1;
-      r.message = "vanished (reaped by someone else)";
-    } else if (WIFEXITED(st)) {
-      r.code = WEXITSTATUS(st);
-      if (r.code == 0) {
-        r.status = WorkerStatus::Succeeded;  // it returned normally, even if a stop was under way
-      } else if (!w.err_text.empty()) {
-        r.status = WorkerStatus::Threw;
-        r.message = w.err_text;
-      } else {
-        r.status = WorkerStatus::Exited;
-        r.message = "exited with status " + std::to_string(r.code);
-      }
-      if (stopping_ && r.status == WorkerStatus::Exited) r.status = WorkerStatus::Stopped;
-    } else if (WIFSIGNALED(st)) {
-      r.code = WTERMSIG(st);
-      r.status = stopping_ ? WorkerStatus::Stopped : WorkerStatus::Signaled;
-      r.message = (stopping_ ? "stopped by signal " : "killed by signal ") + signal_name(r.code);
-      if (!stopping_ && !w.err_text.empty()) r.message = w.err_text + " (then " + r.message + ")";
-    }
-  }
-
-  PoolOptions options_;
-  Clock::time_point start_;
-  std::optional<StopSignalGuard> signals_;
-  std::vector<Worker> workers_;
-  bool stopping_ = false;
-  bool restore_sigchld_ = false;
-  struct sigaction old_sigchld_ {};
-};
-
-/// Runs f() on a new thread, waits for it and returns its result (or rethrows).
-/// Fork C++-function workers from such a thread: a child inherits the forking
-/// thread's GNU OpenMP pool, whose threads do not exist in the child, so its
-/// first parallel region would hang; a fresh thread has no pool. The thread must
-/// outlive the workers, because PR_SET_PDEATHSIG follows the forking thread.
-template <class F>
-auto on_fresh_thread(F&& f) -> decltype(f()) {
-  std::optional<decltype(f())> result;
-  std::exception_ptr error;
-  std::thread t([&] {
-    try {
-      result.emplace(f());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  });
-  t.join();
-  if (error) std::rethrow_exception(error);
-  return std::move(*result);
-}
-
-}  // namespace accel::detail::launch
-
-#endif  // ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
-// end <accel/launch/detail/worker_pool.hpp>
 
 namespace accel {
 
@@ -7423,25 +8365,26 @@ inline std::string worker_error_message(const c10::Error& e) {
          "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
 }
 
-/// Runs body in one worker per local rank and waits; turns the pool's outcome
-/// into the launcher's exceptions. `what` names the launch in messages.
+/// Runs body in one worker per local rank (attempt `attempt` of an elastic
+/// launch) and waits until the pool's outcome.
 template <class Body>
-void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
-                 const char* what, Body&& body) {
+PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                     int attempt, Body& body) {
   PoolOptions po;
   po.timeout = std::max(std::chrono::milliseconds(1),
                         std::chrono::duration_cast<std::chrono::milliseconds>(
                             deadline - std::chrono::steady_clock::now()));
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
+  if (o.monitor_interval) po.heartbeat_timeout = *o.monitor_interval;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
   // OpenMP's thread pool lives in the forking thread, and a child forked from a
   // thread that already ran a parallel region hangs in its first one.
-  PoolOutcome out = on_fresh_thread([&] {
+  return on_fresh_thread([&] {
     WorkerPool pool(po);
     const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local, job);
+      EnvList env = rank_environment(o, local, job, attempt);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -7455,6 +8398,12 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
     }
     return pool.wait();
   });  // the pool restored the parent's signal handlers here
+}
+
+/// Turns the pool's outcome into the launcher's exceptions. `what` names the
+/// launch in messages; `attempt` (0 first) is named when restarts were allowed.
+inline void throw_on_failure(const PoolOutcome& out, const LaunchOptions& o, const char* what,
+                             int attempt = 0) {
   if (out.interrupted_by != 0) {
     // Workers are stopped; now let the signal do what it would have done.
     std::raise(out.interrupted_by);
@@ -7462,6 +8411,9 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                 signal_name(out.interrupted_by) + "; all " + std::to_string(o.num_processes) +
                 " workers were stopped. Launch again when ready.");
   }
+  if (out.first_failure && o.max_restarts > 0)
+    throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary(),
+                      attempt + 1, o.max_restarts + 1);
   if (out.first_failure)
     throw LaunchError(out.first_failure->rank, out.first_failure->message, out.others_summary());
   if (out.timed_out) {
@@ -7473,6 +8425,13 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
                        " still running; they were stopped. Raise the timeout or find why they "
                        "hang (ACCEL_DEBUG_MODE=yes checks the launch).");
   }
+}
+
+/// One attempt, its outcome turned into exceptions.
+template <class Body>
+void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
+                 const char* what, Body&& body) {
+  throw_on_failure(run_pool(o, deadline, 0, body), o, what);
 }
 
 }  // namespace detail::launch
@@ -7487,6 +8446,13 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
 /// message; past opts.timeout accel::TimeoutError. One process on one node
 /// runs fn in this process (no fork) with the same variables, restored after;
 /// an exception then arrives as LaunchError(0, ...) nesting the original.
+/// With opts.max_restarts = N > 0 (one node), a failure stops every worker
+/// and forks the whole group again, up to N times, each attempt with
+/// TORCHELASTIC_RESTART_COUNT = 0, 1, ... (accel::restart_count()) and a
+/// usable port; the failure of attempt N+1 is the LaunchError, "process R
+/// failed on attempt N+1 of N+1 (max_restarts = N): ...". With
+/// opts.monitor_interval a worker that stops heart-beating is killed as hung
+/// (a failure). With either, even one process is a forked worker.
 template <class F, class... Args>
 void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
   namespace dl = detail::launch;
@@ -7495,6 +8461,7 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
                         std::min<std::chrono::seconds>(opts.timeout, std::chrono::hours(24 * 36500));
   dl::validate(opts);
   std::optional<dl::RemoveAtExit> published;  // node 0's rendezvous file, removed when done
+  const bool any_port = opts.master_port == 0;
   if (opts.master_port == 0 && opts.num_nodes > 1) {
     opts.master_port = dl::agree_on_free_port(*opts.rendezvous_file, opts.node_rank,
                                               opts.master_addr, deadline);
@@ -7503,7 +8470,10 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     opts.master_port = dl::pick_free_port(opts.master_addr);
   }
 
-  if (opts.num_processes == 1 && opts.num_nodes == 1) {
+  // In this process unless a crash must be survivable (max_restarts) or a
+  // hang detectable (monitor_interval).
+  if (opts.num_processes == 1 && opts.num_nodes == 1 && opts.max_restarts == 0 &&
+      !opts.monitor_interval) {
     dl::EnvList env = dl::rank_environment(opts, 0);
     dl::ScopedEnv scoped_env(env);
     dl::ScopedThreads threads(dl::threads_per_worker(1));
@@ -7532,8 +8502,14 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     dl::run_workers(opts, deadline, "notebook_launcher's debug launch (ACCEL_DEBUG_MODE)",
                     [&](int local) { dl::check_worker_environment(opts, local); });
   }
-  dl::run_workers(opts, deadline, "notebook_launcher",
-                  [&](int) { std::apply(fn, std::move(args)); });
+  // Each attempt forks fresh workers from this process, so every attempt
+  // starts from the same state: what the workers did (moving the arguments
+  // out included) dies with them.
+  auto body = [&](int) { std::apply(fn, std::move(args)); };
+  const auto r = dl::run_elastic(opts, any_port, [&](const LaunchOptions& a, int attempt) {
+    return dl::run_pool(a, deadline, attempt, body);
+  });
+  dl::throw_on_failure(r.outcome, opts, "notebook_launcher", r.attempt);
 }
 
 /// The same as notebook_launcher: the name to use outside notebooks.
@@ -7586,12 +8562,12 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 // begin <accel/detail/training_state.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::detail::TrainingState, the state an Accelerator shares
-/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr).
+/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr),
+/// and the step protocol they follow around every optimizer step.
 #ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -7604,6 +8580,8 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 #define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -7612,9 +8590,18 @@ namespace accel::shard::detail {
 
 class GradientSync {
  public:
+  /// sync_now: the Accelerator's one "synchronise gradients now" flag
+  /// (TrainingState::sync_gradients, false on the non-sync micro-steps of
+  /// accumulate()); null: always.
+  explicit GradientSync(std::shared_ptr<const bool> sync_now = nullptr) : sync_now_(std::move(sync_now)) {}
   virtual ~GradientSync() = default;
-  /// false on the non-sync micro-steps of accumulate(): no communication at all.
-  virtual void set_sync_enabled(bool enabled) = 0;
+
+  /// Inside accumulate(model) the model follows the sync flag; outside it,
+  /// every backward synchronises.
+  void set_accumulating(bool accumulating) { accumulating_ = accumulating; }
+  /// Whether this backward communicates: no communication at all otherwise.
+  bool sync_now() const { return !accumulating_ || sync_now_ == nullptr || *sync_now_; }
+
   /// Starts what backward did not start (buckets of parameters that got no
   /// gradient), waits for everything in flight: afterwards every gradient on
   /// this rank is the average over ranks.
@@ -7622,6 +8609,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+
+ private:
+  std::shared_ptr<const bool> sync_now_;
+  bool accumulating_ = false;
 };
 
 /// What a sharded model's policy does around the optimizer whose parameters
@@ -7640,7 +8631,6 @@ class OptimizerPartition {
 /// The policy for one process: gradients are already complete.
 class NoSync final : public GradientSync {
  public:
-  void set_sync_enabled(bool) override {}
   void finalize() override {}
 };
 
@@ -7649,26 +8639,63 @@ class NoSync final : public GradientSync {
 #endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 // end <accel/shard/detail/gradient_sync.hpp>
 
+namespace accel::shard::detail {
+class ZeroReducer;
+}  // namespace accel::shard::detail
+
 namespace accel::detail {
 
 struct TrainingState {
   std::shared_ptr<runtime::Communicator> comm;
   torch::Device device{torch::kCPU};
   int gradient_accumulation_steps = 1;
-  bool sync_gradients = true;     ///< false on the non-sync micro-steps of accumulate()
+  /// The one "synchronise gradients now" flag: false on the non-sync
+  /// micro-steps of accumulate(); gradient syncs read it (sync_flag()).
+  bool sync_gradients = true;
   int64_t micro_step = 0;         ///< counts accumulate() entries (Accelerate's `step`)
   int64_t optimizer_steps = 0;    ///< optimizer steps that really happened
   bool last_step_skipped = false; ///< the last AcceleratedOptimizer::step() did not update
   std::vector<std::shared_ptr<shard::detail::GradientSync>> syncs;  ///< one per prepared model
-  /// Precision hook run before an optimizer step (Fp16: unscale, agree on
-  /// inf/NaN); returns false when the step must be skipped on every rank.
-  std::function<bool(torch::optim::Optimizer&)> before_step;
-  /// Precision hook run after a step attempt (Fp16: update the scale).
-  std::function<void(bool stepped)> after_step;
+  /// The sharded models' reducers (also in syncs): where an optimizer or a
+  /// clip finds the model that owns its parameters.
+  std::vector<std::shared_ptr<shard::detail::ZeroReducer>> sharded;
+  /// precision::Fp16's loss scaler. The Accelerator owns it; a prepared
+  /// optimizer may outlive the Accelerator, and must then say so.
+  std::weak_ptr<precision::LossScaler> scaler;
+  bool loss_scaling = false;
+
+  /// sync_gradients, shared with the gradient syncs of prepared models.
+  static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {
+    return std::shared_ptr<const bool>(self, &self->sync_gradients);
+  }
 
   /// Every gradient averaged and ready for the optimizer or for clipping.
   void finalize_gradients() {
     for (auto& s : syncs) s->finalize();
+  }
+
+  /// Before an optimizer step (Fp16: unscale the optimizer's gradients once,
+  /// agree on inf/NaN across ranks); false when every rank must skip it.
+  bool before_step(torch::optim::Optimizer& opt) {
+    if (!loss_scaling) return true;
+    std::vector<torch::Tensor> params;
+    for (auto& g : opt.param_groups())
+      for (auto& p : g.params()) params.push_back(p);
+    return !live_scaler()->unscale(params, *comm);
+  }
+
+  /// After a step attempt (Fp16: grow or back off the scale).
+  void after_step(bool /*stepped*/) {
+    if (loss_scaling) live_scaler()->update();
+  }
+
+ private:
+  std::shared_ptr<precision::LossScaler> live_scaler() const {
+    auto s = scaler.lock();
+    ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
+                "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
+                "alive while you train with what it prepared.");
+    return s;
   }
 };
 
@@ -7841,11 +8868,11 @@ class AcceleratedOptimizer {
       return {};
     }
     state_->finalize_gradients();
-    const bool ok = state_->before_step ? state_->before_step(*opt_) : true;
+    const bool ok = state_->before_step(*opt_);
     torch::Tensor loss;
     if (ok) loss = opt_->step(std::move(closure));
     if (partition_) partition_->after_step(ok);
-    if (state_->after_step) state_->after_step(ok);
+    state_->after_step(ok);
     skipped_ = !ok;
     state_->last_step_skipped = !ok;
     if (ok) ++state_->optimizer_steps;
@@ -7989,9 +9016,6 @@ consteval PrepareKind prepare_kind() {
 template <std::size_t Position, class T>
 struct prepare_argument_is_not_a_model_optimizer_loader_or_scheduler;
 
-template <class...>
-inline constexpr bool dependent_false = false;
-
 template <std::size_t Position, class T, PrepareKind K = prepare_kind<T>()>
 struct prepared_type {
   static_assert(dependent_false<T>,
@@ -8071,42 +9095,29 @@ auto share(A&& a) {
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
-// begin <accel/checkpoint/save_state.hpp>
+// begin <accel/checkpoint/latest_state.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::checkpoint::save_state/load_state, the machinery of
-/// Accelerator::save_state()/load_state(): the whole training state in one
-/// directory, written atomically by every process, read back exactly.
+/// @file Defines accel::ckpt::load_latest_state, the machinery of
+/// Accelerator::load_latest_state(): resume from the newest automatic
+/// checkpoint that is complete, or start fresh when there is none. What an
+/// elastic restart (LaunchOptions::max_restarts) calls first.
 ///
-/// Directory layout (docs/checkpoints.md has the details):
-///
-///   accel_state.json          main   format, accel version, world size, step
-///                                    counters, how many of each kind, automatic
-///                                    checkpoint number, the XXH64 of every other
-///                                    file ("xxh64"); written last
-///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
-///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
-///                                    optimizer_rank<r>.pt per process when the
-///                                    shard policy partitions optimizer state)
-///   scheduler.pt              main   scheduler 0 (scheduler_1.pt, ...)
-///   custom_checkpoint_<i>.pt  main   objects given to register_for_checkpointing
-///   scaler.json               main   loss scale and growth tracker (Fp16 only)
-///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
-///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
-///
-/// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
-/// the processes agree that all files are in, then the main process renames
-/// the directory into place (see detail::commit_directory). A process killed
-/// at any point leaves the previous checkpoint complete and loadable.
-/// Loading checks every file's checksum and validates it on every process,
-/// and the processes agree, before anything is changed; objects restored through torch archives are
-/// rolled back if one of them still fails.
-#ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
-#define ACCEL_CHECKPOINT_SAVE_STATE_HPP
+/// Which checkpoint: the directories project_dir/checkpoints/checkpoint_<N>,
+/// newest first, as the main process lists them. One without accel_state.json
+/// (save_state writes it last) is not a checkpoint; <dir>.accel-tmp, what a
+/// save killed half-way leaves, is never listed. A checkpoint that any process
+/// cannot read (a file missing, truncated or not matching its checksum, or
+/// not fitting this run) is skipped with a warning and the next older one is
+/// tried. Every process reads before anything changes, so nothing is loaded
+/// from a checkpoint that fails anywhere.
+#ifndef ACCEL_CHECKPOINT_LATEST_STATE_HPP
+#define ACCEL_CHECKPOINT_LATEST_STATE_HPP
 
 // begin <accel/checkpoint/detail/state_layout.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -8147,7 +9158,7 @@ auto share(A&& a) {
 #include <fcntl.h>
 #include <unistd.h>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 namespace fs = std::filesystem;
 
@@ -8419,13 +9430,13 @@ struct GeneratorStates {
   }
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
 // end <accel/checkpoint/detail/state_files.hpp>
 // begin <accel/checkpoint/state_registry.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::checkpoint::StateRegistry (what save_state() writes
+/// @file Defines accel::ckpt::StateRegistry (what save_state() writes
 /// and load_state() restores, recorded as the Accelerator prepares it) and the
 /// Checkpointable concept of register_for_checkpointing().
 #ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
@@ -8452,7 +9463,7 @@ struct GeneratorStates {
 #include <sstream>
 #include <string>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 inline bool is_hex_address(const std::string& key) {
   if (key.size() < 3 || key[0] != '0' || key[1] != 'x') return false;
@@ -8521,7 +9532,7 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
   load(in);
 }
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
 // end <accel/checkpoint/detail/optimizer_keys.hpp>
@@ -8536,7 +9547,7 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 /// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
 /// torch::optim optimizers, accel::sched schedulers, or a user type.
@@ -8765,7 +9776,7 @@ struct StateRegistry {
   }
 };
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 // end <accel/checkpoint/state_registry.hpp>
@@ -8783,7 +9794,7 @@ struct StateRegistry {
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 inline constexpr std::string_view kStateFile = "accel_state.json";
 inline constexpr std::string_view kStateFormat = "accel.save_state";
@@ -8974,7 +9985,7 @@ inline nlohmann::json checksums_json(const Checksums& sums) {
 }
 
 }  // namespace detail
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
 // end <accel/checkpoint/detail/state_layout.hpp>
@@ -8994,7 +10005,7 @@ inline nlohmann::json checksums_json(const Checksums& sums) {
 #include <utility>
 #include <vector>
 
-namespace accel::checkpoint::detail {
+namespace accel::ckpt::detail {
 
 /// Keys, shapes and dtypes of a saved model against the module; the error
 /// lists every offending key.
@@ -9198,17 +10209,49 @@ class ArchiveTransaction {
   std::vector<std::function<void()>> done_;  ///< restores, in the order applied
 };
 
-}  // namespace accel::checkpoint::detail
+}  // namespace accel::ckpt::detail
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 // end <accel/checkpoint/detail/state_reader.hpp>
+// begin <accel/checkpoint/save_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::save_state/load_state, the machinery of
+/// Accelerator::save_state()/load_state(): the whole training state in one
+/// directory, written atomically by every process, read back exactly.
+///
+/// Directory layout (docs/checkpoints.md has the details):
+///
+///   accel_state.json          main   format, accel version, world size, step
+///                                    counters, how many of each kind, automatic
+///                                    checkpoint number, the XXH64 of every other
+///                                    file ("xxh64"); written last
+///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
+///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
+///                                    optimizer_rank<r>.pt per process when the
+///                                    shard policy partitions optimizer state)
+///   scheduler.pt              main   scheduler 0 (scheduler_1.pt, ...)
+///   custom_checkpoint_<i>.pt  main   objects given to register_for_checkpointing
+///   scaler.json               main   loss scale and growth tracker (Fp16 only)
+///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
+///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
+///
+/// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
+/// the processes agree that all files are in, then the main process renames
+/// the directory into place (see detail::commit_directory). A process killed
+/// at any point leaves the previous checkpoint complete and loadable.
+/// Loading checks every file's checksum and validates it on every process,
+/// and the processes agree, before anything is changed; objects restored through torch archives are
+/// rolled back if one of them still fails.
+#ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
+#define ACCEL_CHECKPOINT_SAVE_STATE_HPP
+
 
 #include <exception>
 #include <filesystem>
 #include <optional>
 #include <string>
 
-namespace accel::checkpoint {
+namespace accel::ckpt {
 
 /// Writes the registry's state to dir, or (no dir) to
 /// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
@@ -9322,34 +10365,13 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   return target;
 }
 
-/// Restores the registry's state from dir, or (no dir) from the newest
-/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
-/// automatic number. Every process must call it. A bad checkpoint throws
-/// accel::Error on every process and changes nothing. Returns the directory read.
-inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
-                                        std::optional<std::filesystem::path> dir = {}) {
-  using namespace detail;
-  fs::path target;
-  std::optional<int64_t> number;
-  std::exception_ptr err;
-  ReadState s;
-  try {
-    if (dir) {
-      target = normal_dir(*dir);
-    } else {
-      const fs::path base = checkpoints_base(options, "load_state");
-      const auto all = list_checkpoints(base);
-      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
-                  base.string(), "'. Save one with save_state() first, or pass a directory.");
-      target = all.back().second;
-      number = all.back().first;
-    }
-    s = read_state(reg, readable_checkpoint(target));
-  } catch (...) {
-    err = std::current_exception();
-  }
-  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+namespace detail {
 
+/// load_state's second half: puts what read_state() read (and every process
+/// agreed is valid) into the registry's objects. Archive loads that still
+/// fail are rolled back on every process, which then all throw.
+inline void apply_state(StateRegistry& reg, ReadState& s) {
+  std::exception_ptr err;
   ArchiveTransaction tx;
   try {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
@@ -9384,6 +10406,38 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
   for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
+}
+
+}  // namespace detail
+
+/// Restores the registry's state from dir, or (no dir) from the newest
+/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
+/// automatic number. Every process must call it. A bad checkpoint throws
+/// accel::Error on every process and changes nothing. Returns the directory read.
+inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  fs::path target;
+  std::optional<int64_t> number;
+  std::exception_ptr err;
+  ReadState s;
+  try {
+    if (dir) {
+      target = normal_dir(*dir);
+    } else {
+      const fs::path base = checkpoints_base(options, "load_state");
+      const auto all = list_checkpoints(base);
+      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
+                  base.string(), "'. Save one with save_state() first, or pass a directory.");
+      target = all.back().second;
+      number = all.back().first;
+    }
+    s = read_state(reg, readable_checkpoint(target));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+  apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;
   } else if (const auto it = s.meta.find("checkpoint_iteration");
@@ -9393,10 +10447,232 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   return target;
 }
 
-}  // namespace accel::checkpoint
+}  // namespace accel::ckpt
 
 #endif  // ACCEL_CHECKPOINT_SAVE_STATE_HPP
 // end <accel/checkpoint/save_state.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::ckpt {
+
+namespace detail {
+
+/// The main process's numbers, the same on every process (a file system whose
+/// listing differs between processes must not make them read different
+/// checkpoints and disagree in the middle of a collective).
+inline std::vector<int64_t> share_numbers(StateRegistry& reg, std::vector<int64_t> numbers) {
+  auto& comm = *reg.state->comm;
+  if (comm.size() == 1) return numbers;
+  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto count = torch::full({1}, static_cast<int64_t>(numbers.size()), opts);
+  comm.broadcast(count, 0)->wait();
+  const auto n = count.to(torch::kCPU).item<int64_t>();
+  auto values = comm.rank() == 0 ? torch::tensor(numbers, opts) : torch::zeros({n}, opts);
+  if (n > 0) comm.broadcast(values, 0)->wait();
+  values = values.to(torch::kCPU);
+  return std::vector<int64_t>(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + n);
+}
+
+}  // namespace detail
+
+/// Loads the newest complete checkpoint under project_dir/checkpoints (see
+/// the file comment) and returns its directory; without one, changes nothing
+/// and returns std::nullopt. Either way the next automatic checkpoint number
+/// is past every checkpoint_<N> there, complete or not. When checkpoints exist
+/// but none loads, the newest one's error is thrown on every process. Every
+/// process must call it.
+inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg,
+                                                              const AcceleratorOptions& options) {
+  using namespace detail;
+  const fs::path base = checkpoints_base(options, "load_latest_state");
+  const bool main = reg.state->comm->rank() == 0;
+  // [highest N of any checkpoint_<N>, then the complete-looking ones, newest first]
+  std::vector<int64_t> numbers{-1};
+  if (main) {
+    const auto all = list_checkpoints(base);
+    std::error_code ec;
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (fs::is_regular_file(it->second / kStateFile, ec)) numbers.push_back(it->first);
+    if (!all.empty()) numbers[0] = all.back().first;
+  }
+  numbers = share_numbers(reg, std::move(numbers));
+  const auto after_highest = [&] {
+    reg.checkpoint_iteration = std::max(reg.checkpoint_iteration, numbers.front() + 1);
+  };
+
+  std::exception_ptr newest_error;
+  for (std::size_t i = 1; i < numbers.size(); ++i) {
+    const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
+    std::exception_ptr err;
+    ReadState s;
+    try {
+      s = read_state(reg, dir);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const int failed = failed_rank(reg, err == nullptr);
+    if (failed < 0) {
+      apply_state(reg, s);
+      after_highest();
+      return dir;
+    }
+    if (i == 1) newest_error = err;
+    if (failed == reg.state->comm->rank()) {
+      std::string why = "unknown error";
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      std::cerr << "accel: warning: load_latest_state() skips '" << dir.string()
+                << "', which process " << failed << " cannot load: " << why
+                << (i + 1 < numbers.size() ? " Trying the next older checkpoint."
+                                           : " No older checkpoint is left.")
+                << std::endl;
+    }
+  }
+  if (numbers.size() > 1)
+    agree(reg, newest_error, "load_latest_state (reading the newest checkpoint)",
+          "no checkpoint under it loads; nothing was loaded on this process");
+  after_highest();
+  return std::nullopt;
+}
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_LATEST_STATE_HPP
+// end <accel/checkpoint/latest_state.hpp>
+// begin <accel/ops/batch_size.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines find_executable_batch_size: call fn(batch_size), lowering the
+/// size after an out-of-memory error, with every rank on the same size at each
+/// attempt.
+#ifndef ACCEL_OPS_BATCH_SIZE_HPP
+#define ACCEL_OPS_BATCH_SIZE_HPP
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+
+#if ACCEL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace accel {
+
+namespace ops {
+
+/// Whether `e` is an allocation failure that a smaller batch may avoid:
+/// c10::OutOfMemoryError (CUDA), std::bad_alloc, or the c10::Error messages
+/// of LibTorch's CPU allocator and of CUDA/cuDNN running out of memory.
+inline bool is_out_of_memory(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const c10::OutOfMemoryError&) {
+    return true;
+  } catch (const std::bad_alloc&) {
+    return true;
+  } catch (const c10::Error& err) {
+    const std::string_view what = err.what();
+    for (std::string_view m : {"DefaultCPUAllocator: can't allocate memory",
+                               "DefaultCPUAllocator: not enough memory", "CUDA out of memory",
+                               "CUDNN_STATUS_NOT_SUPPORTED"})
+      if (what.find(m) != std::string_view::npos) return true;
+    return false;
+  } catch (...) {
+    return false;
+  }
+}
+
+/// find_executable_batch_size over `comm`: every rank calls fn(size), then
+/// one all-reduce (max) of the outcome (0 ran, 1 out of memory, 2 another
+/// error) decides for all: return fn's result, retry at int(size * 0.9), or
+/// rethrow (the ranks whose fn did not fail throw an accel::Error saying so).
+template <class F>
+auto find_executable_batch_size(runtime::Communicator& comm, F&& fn, int64_t starting_batch_size) {
+  using R = std::invoke_result_t<F&, int64_t>;
+  ACCEL_CHECK(starting_batch_size >= 1, "accel: find_executable_batch_size() needs a starting "
+              "batch size of at least 1 (got ", starting_batch_size, "). Pass the largest size to try.");
+  for (int64_t size = starting_batch_size;; size = static_cast<int64_t>(static_cast<double>(size) * 0.9)) {
+    ACCEL_CHECK(size > 0, "accel: find_executable_batch_size() found no batch size that fits: "
+                "every size from ", starting_batch_size, " down to 1 ran out of memory. "
+                "Reduce the model or the sequence length, or use a larger device.");
+    std::exception_ptr error;
+    std::optional<std::conditional_t<std::is_void_v<R>, bool, std::remove_cvref_t<R>>> result;
+    try {
+      if constexpr (std::is_void_v<R>) {
+        fn(size);
+        result.emplace(true);
+      } else {
+        result.emplace(fn(size));
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const int outcome = !error ? 0 : is_out_of_memory(error) ? 1 : 2;
+    int agreed = outcome;
+    if (comm.size() > 1) {
+      auto flag = torch::tensor({outcome}, torch::TensorOptions().dtype(torch::kInt).device(comm.device()));
+      comm.all_reduce(flag, runtime::ReduceOp::Max)->wait();
+      agreed = flag.cpu().item<int>();
+    }
+    if (agreed == 0) {
+      if constexpr (std::is_void_v<R>)
+        return;
+      else
+        return std::move(*result);
+    }
+    if (agreed == 2) {
+      if (outcome == 2) std::rethrow_exception(error);
+      throw Error(accel::detail::concat(
+          "accel: find_executable_batch_size() stopped at batch size ", size,
+          ": fn failed with an error other than out of memory on another process ",
+          accel::detail::kFailedElsewhere, ". Fix that error."));
+    }
+    // Out of memory somewhere: free what this process holds before the retry.
+    error = nullptr;
+    result.reset();
+#if ACCEL_WITH_CUDA
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+}
+
+}  // namespace ops
+
+/// Calls fn(batch_size) starting at starting_batch_size; after an
+/// out-of-memory error (ops::is_out_of_memory) retries at int(size * 0.9),
+/// until fn returns (its result is returned) or the size reaches 0 (an
+/// accel::Error). Other errors propagate at once. This overload is for a
+/// single process; in a multi-process job use Accelerator::
+/// find_executable_batch_size, which keeps every rank on the same size.
+template <class F>
+auto find_executable_batch_size(F&& fn, int64_t starting_batch_size) {
+  runtime::LocalCommunicator local;
+  return ops::find_executable_batch_size(local, std::forward<F>(fn), starting_batch_size);
+}
+
+}  // namespace accel
+
+#endif  // ACCEL_OPS_BATCH_SIZE_HPP
+// end <accel/ops/batch_size.hpp>
 // begin <accel/ops/collectives.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the tensor collectives the Accelerator exposes (gather,
@@ -9404,6 +10680,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
 #ifndef ACCEL_OPS_COLLECTIVES_HPP
 #define ACCEL_OPS_COLLECTIVES_HPP
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <vector>
@@ -9454,6 +10731,54 @@ inline torch::Tensor gather(runtime::Communicator& comm, const torch::Tensor& te
   return out;
 }
 
+/// gather() for tensors whose dim 0 differs across ranks (the other
+/// dimensions must agree): every rank's rows, in rank order, nothing added.
+/// One small all-gather of the shapes first; when dim 0 differs, each rank's
+/// rows travel padded to the longest. `rows`, when given, receives every
+/// rank's dim 0.
+inline torch::Tensor gather_ragged(runtime::Communicator& comm, const torch::Tensor& tensor,
+                                   std::vector<int64_t>* rows = nullptr) {
+  auto t = (tensor.dim() == 0 ? tensor.reshape({1}) : tensor).contiguous();
+  const int world = comm.size();
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto head = torch::tensor({static_cast<int64_t>(t.dim()), t.size(0)}, on);
+  auto heads = torch::empty({world, 2}, on);
+  comm.all_gather(heads, head)->wait();
+  heads = heads.cpu();
+  const bool same_dims = heads.select(1, 0).eq(t.dim()).all().item<bool>();
+  bool same_rest = same_dims;
+  torch::Tensor sizes;
+  if (same_dims && t.dim() > 1) {
+    sizes = detail::all_sizes(comm, t).cpu();
+    same_rest = sizes.narrow(1, 1, t.dim() - 1).eq(sizes.narrow(1, 1, t.dim() - 1)[0]).all().item<bool>();
+  }
+  if (!same_rest) {
+    std::ostringstream msg;
+    msg << "accel: gather_for_metrics() needs the same shape on every rank apart from dim 0; rank "
+        << comm.rank() << " has " << t.sizes()
+        << (same_dims ? ", all ranks: " : "; ranks differ in dimensions: ")
+        << (same_dims ? sizes : heads.select(1, 0)) << ". Pad those dimensions with "
+        << "pad_across_processes() first.";
+    throw Error(msg.str());
+  }
+  std::vector<int64_t> counts(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) counts[static_cast<std::size_t>(r)] = heads[r][1].item<int64_t>();
+  if (rows) *rows = counts;
+  const int64_t longest = *std::max_element(counts.begin(), counts.end());
+  if (longest == t.size(0) && std::all_of(counts.begin(), counts.end(),
+                                          [&](int64_t c) { return c == longest; }))
+    return gather(comm, t);
+  auto shape = t.sizes().vec();
+  shape[0] = longest;
+  auto padded = torch::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  auto all = gather(comm, padded);
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < world; ++r)
+    parts.push_back(all.narrow(0, r * longest, counts[static_cast<std::size_t>(r)]));
+  return torch::cat(parts);
+}
+
 inline torch::Tensor reduce(runtime::Communicator& comm, const torch::Tensor& tensor,
                             Reduction reduction = Reduction::Sum) {
   auto t = tensor.contiguous().clone();
@@ -9500,6 +10825,401 @@ inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const tor
 
 #endif  // ACCEL_OPS_COLLECTIVES_HPP
 // end <accel/ops/collectives.hpp>
+// begin <accel/ops/objects.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the object collectives gather_object / broadcast_object over
+/// any runtime::Communicator: a value of a supported type is encoded once
+/// (ops::encode_object: type-directed, to nlohmann::json and then CBOR bytes),
+/// the bytes travel as a uint8 tensor of the largest length across ranks, and
+/// each receiver decodes them back into the same type.
+#ifndef ACCEL_OPS_OBJECTS_HPP
+#define ACCEL_OPS_OBJECTS_HPP
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+
+namespace accel::ops {
+
+namespace detail {
+template <class T> struct is_vector : std::false_type {};
+template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T> struct is_map : std::false_type {};
+template <class K, class V, class C, class A> struct is_map<std::map<K, V, C, A>> : std::true_type {};
+template <class T> struct is_optional : std::false_type {};
+template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_pair : std::false_type {};
+template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T> struct is_tuple : std::false_type {};
+template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+/// A type nlohmann converts both ways: its own conversions, or the user's
+/// to_json/from_json found by ADL (or an adl_serializer specialisation).
+template <class T>
+concept JsonConvertible = requires(nlohmann::json& j, const T& t) {
+  nlohmann::json(t);
+  std::as_const(j).template get<T>();
+};
+
+template <class T> struct always_false : std::false_type {};
+}  // namespace detail
+
+/// Whether gather_object / broadcast_object can send a T (checked recursively
+/// into the containers below).
+template <class T>
+constexpr bool is_object_transferable() {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor> || std::is_same_v<U, nlohmann::json> ||
+                std::is_arithmetic_v<U> || std::is_same_v<U, std::string>)
+    return true;
+  else if constexpr (detail::is_optional<U>::value || detail::is_vector<U>::value)
+    return is_object_transferable<typename U::value_type>();
+  else if constexpr (detail::is_map<U>::value)
+    return is_object_transferable<typename U::key_type>() &&
+           is_object_transferable<typename U::mapped_type>();
+  else if constexpr (detail::is_pair<U>::value)
+    return is_object_transferable<typename U::first_type>() &&
+           is_object_transferable<typename U::second_type>();
+  else if constexpr (detail::is_tuple<U>::value)
+    return []<class... E>(std::type_identity<std::tuple<E...>>) {
+      return (is_object_transferable<E>() && ...);
+    }(std::type_identity<U>{});
+  else
+    return detail::JsonConvertible<U>;
+}
+
+/// Encodes a value as JSON, keeping its structure: containers become arrays
+/// (maps: arrays of [key, value], so any key type works), std::nullopt is
+/// null, a tensor is {dtype, shape, data (the raw bytes, a binary value)}.
+template <class T>
+nlohmann::json encode_object(const T& value) {
+  static_assert(is_object_transferable<T>(),
+                "accel: gather_object/broadcast_object cannot send this type. Use arithmetic "
+                "types, std::string, torch::Tensor, nlohmann::json, std::vector/map/optional/"
+                "pair/tuple of those, or give the type to_json/from_json (nlohmann, found by ADL).");
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (!value.defined()) return nullptr;
+    ACCEL_CHECK(value.layout() == torch::kStrided && !value.is_quantized(),
+                "accel: gather_object/broadcast_object sends dense tensors only; got layout ",
+                value.layout(), ". Call .to_dense() (or dequantize()) first.");
+    auto t = value.detach().to(torch::kCPU).contiguous();
+    const auto* p = static_cast<const std::uint8_t*>(t.data_ptr());
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    return {{"dtype", static_cast<int>(t.scalar_type())},
+            {"shape", t.sizes().vec()},
+            {"data", nlohmann::json::binary(std::vector<std::uint8_t>(p, p + bytes))}};
+  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
+    return value;
+  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
+    return value;
+  } else if constexpr (detail::is_optional<U>::value) {
+    return value ? encode_object(*value) : nlohmann::json(nullptr);
+  } else if constexpr (detail::is_vector<U>::value) {
+    auto out = nlohmann::json::array();
+    for (const auto& e : value) {
+      if constexpr (std::is_same_v<typename U::value_type, bool>)  // vector<bool>'s proxies
+        out.push_back(static_cast<bool>(e));
+      else
+        out.push_back(encode_object(e));
+    }
+    return out;
+  } else if constexpr (detail::is_map<U>::value) {
+    auto out = nlohmann::json::array();
+    for (const auto& [k, v] : value) out.push_back({encode_object(k), encode_object(v)});
+    return out;
+  } else if constexpr (detail::is_pair<U>::value) {
+    return {encode_object(value.first), encode_object(value.second)};
+  } else if constexpr (detail::is_tuple<U>::value) {
+    auto out = nlohmann::json::array();
+    std::apply([&](const auto&... e) { (out.push_back(encode_object(e)), ...); }, value);
+    return out;
+  } else {
+    return nlohmann::json(value);
+  }
+}
+
+/// The inverse of encode_object<T>; tensors are made on `device`.
+template <class T>
+T decode_object(const nlohmann::json& j, const torch::Device& device = torch::kCPU) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (j.is_null()) return {};
+    const auto& data = j.at("data").get_binary();
+    auto t = torch::empty(j.at("shape").get<std::vector<int64_t>>(),
+                          torch::TensorOptions().dtype(static_cast<at::ScalarType>(j.at("dtype").get<int>())));
+    ACCEL_CHECK(data.size() == static_cast<std::size_t>(t.numel()) * t.element_size(),
+                "accel: a received tensor has ", data.size(), " bytes for shape ", t.sizes(),
+                ". Call the object collective with the same type on every rank.");
+    if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size());
+    return device.is_cpu() ? t : t.to(device);
+  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
+    return j;
+  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
+    return j.get<U>();
+  } else if constexpr (detail::is_optional<U>::value) {
+    if (j.is_null()) return std::nullopt;
+    return decode_object<typename U::value_type>(j, device);
+  } else if constexpr (detail::is_vector<U>::value) {
+    U out;
+    out.reserve(j.size());
+    for (const auto& e : j) out.push_back(decode_object<typename U::value_type>(e, device));
+    return out;
+  } else if constexpr (detail::is_map<U>::value) {
+    U out;
+    for (const auto& kv : j)
+      out.emplace(decode_object<typename U::key_type>(kv.at(0), device),
+                  decode_object<typename U::mapped_type>(kv.at(1), device));
+    return out;
+  } else if constexpr (detail::is_pair<U>::value) {
+    return U(decode_object<typename U::first_type>(j.at(0), device),
+             decode_object<typename U::second_type>(j.at(1), device));
+  } else if constexpr (detail::is_tuple<U>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return U(decode_object<std::tuple_element_t<I, U>>(j.at(I), device)...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else {
+    return j.get<U>();
+  }
+}
+
+/// A value as bytes (CBOR of encode_object), and back.
+template <class T>
+std::vector<std::uint8_t> to_bytes(const T& value) {
+  return nlohmann::json::to_cbor(encode_object(value));
+}
+template <class T>
+T from_bytes(const std::uint8_t* data, std::size_t size, const torch::Device& device = torch::kCPU) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::from_cbor(data, data + size);
+    return decode_object<T>(j, device);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(accel::detail::concat("accel: an object collective received data that does not "
+                                      "decode as the requested type (", e.what(),
+                                      "). Call it with the same type on every rank."));
+  }
+}
+
+namespace detail {
+inline torch::Tensor bytes_tensor(const std::vector<std::uint8_t>& bytes, int64_t size,
+                                  const torch::Device& device) {
+  auto t = torch::zeros({size}, torch::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return device.is_cpu() ? t : t.to(device);
+}
+}  // namespace detail
+
+/// Every rank's `obj`, in rank order (two all-gathers: the lengths, then the
+/// bytes padded to the longest). Tensors come back on `device`, detached.
+template <class T>
+std::vector<T> gather_object(runtime::Communicator& comm, const T& obj,
+                             const torch::Device& device = torch::kCPU) {
+  const auto mine = to_bytes(obj);
+  const int world = comm.size();
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto len = torch::tensor({static_cast<int64_t>(mine.size())}, on);
+  auto lens = torch::empty({world}, on);
+  comm.all_gather(lens, len)->wait();
+  lens = lens.cpu();
+  const int64_t longest = lens.max().item<int64_t>();
+  auto all = torch::empty({world * longest}, torch::TensorOptions().dtype(torch::kByte).device(comm.device()));
+  comm.all_gather(all, detail::bytes_tensor(mine, longest, comm.device()))->wait();
+  all = all.cpu();
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(world));
+  const auto* base = static_cast<const std::uint8_t*>(all.data_ptr());
+  for (int r = 0; r < world; ++r)
+    out.push_back(from_bytes<T>(base + r * longest, static_cast<std::size_t>(lens[r].item<int64_t>()), device));
+  return out;
+}
+
+/// Rank src's `obj` on every rank (two broadcasts: the length, then the
+/// bytes). src gets its own obj back unchanged; the others decode theirs,
+/// tensors on `device`.
+template <class T>
+T broadcast_object(runtime::Communicator& comm, T obj, int src = 0,
+                   const torch::Device& device = torch::kCPU) {
+  ACCEL_CHECK(src >= 0 && src < comm.size(), "accel: broadcast_object() source rank ", src,
+              " is outside world size ", comm.size(), ". Use a rank in [0, ", comm.size(), ").");
+  if (comm.size() == 1) return obj;
+  std::vector<std::uint8_t> bytes;
+  if (comm.rank() == src) bytes = to_bytes(obj);
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, on);
+  comm.broadcast(len, src)->wait();
+  const int64_t n = len.cpu().item<int64_t>();
+  auto data = detail::bytes_tensor(bytes, n, comm.device());
+  comm.broadcast(data, src)->wait();
+  if (comm.rank() == src) return obj;
+  data = data.cpu();
+  return from_bytes<T>(static_cast<const std::uint8_t*>(data.data_ptr()), static_cast<std::size_t>(n), device);
+}
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_OBJECTS_HPP
+// end <accel/ops/objects.hpp>
+// begin <accel/ops/split.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines split_between_processes (each rank's contiguous share of a
+/// vector or of a tensor's dim 0) and drop_split_padding, its inverse after a
+/// gather. Pure functions of (rank, world): no communication.
+#ifndef ACCEL_OPS_SPLIT_HPP
+#define ACCEL_OPS_SPLIT_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::ops {
+
+/// Rank `rank`'s slice [start, start + count) of n items over `world` ranks:
+/// contiguous, in rank order, sizes differing by at most one (the first
+/// n % world ranks get one more; with n < world the last ranks get none).
+struct SplitRange {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
+inline SplitRange split_range(int64_t n, int rank, int world) {
+  ACCEL_CHECK(world >= 1 && rank >= 0 && rank < world, "accel: split_between_processes() got rank ",
+              rank, " of world size ", world, ". Use a rank in [0, world).");
+  const int64_t base = n / world, extra = n % world;
+  return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+/// The count every rank gets with apply_padding: the largest share, ceil(n / world).
+inline int64_t padded_count(int64_t n, int world) { return (n + world - 1) / world; }
+
+/// Rank `rank`'s share of `items`. With apply_padding every rank gets
+/// padded_count(n, world) items: its slice, then its last item repeated (a
+/// rank whose slice is empty gets the input's last item).
+template <class T>
+std::vector<T> split_between_processes(const std::vector<T>& items, int rank, int world,
+                                       bool apply_padding = false) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  const auto [start, count] = split_range(n, rank, world);
+  std::vector<T> out(items.begin() + start, items.begin() + start + count);
+  if (apply_padding && n > 0) {
+    const T last = count > 0 ? out.back() : items.back();
+    out.resize(static_cast<std::size_t>(padded_count(n, world)), last);
+  }
+  return out;
+}
+
+/// The same along dim 0 of a tensor: a view of its rows without padding.
+inline torch::Tensor split_between_processes(const torch::Tensor& tensor, int rank, int world,
+                                             bool apply_padding = false) {
+  ACCEL_CHECK(tensor.defined() && tensor.dim() >= 1,
+              "accel: split_between_processes() splits dim 0 and got a 0-d or undefined tensor. "
+              "Pass a tensor of rows.");
+  const int64_t n = tensor.size(0);
+  const auto [start, count] = split_range(n, rank, world);
+  auto slice = tensor.narrow(0, start, count);
+  const int64_t want = padded_count(n, world);
+  if (!apply_padding || n == 0 || count == want) return slice;
+  auto last = count > 0 ? slice.narrow(0, count - 1, 1) : tensor.narrow(0, n - 1, 1);
+  std::vector<int64_t> reps(static_cast<std::size_t>(tensor.dim()), 1);
+  reps[0] = want - count;
+  return torch::cat({slice, last.repeat(reps)});
+}
+
+/// After a padded split of `total` items over `world` ranks, every rank's
+/// padded part gathered in rank order (world * padded_count rows) holds
+/// padding in the middle; this keeps each rank's real rows: the original items.
+inline torch::Tensor drop_split_padding(const torch::Tensor& gathered, int64_t total, int world) {
+  const int64_t k = padded_count(total, world);
+  ACCEL_CHECK(gathered.dim() >= 1 && gathered.size(0) == k * world,
+              "accel: drop_split_padding() expects ", k * world, " rows (", world, " ranks x ", k,
+              "). Pass the gather of every rank's padded split.");
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < world; ++r) {
+    const auto count = split_range(total, r, world).count;
+    if (count > 0) parts.push_back(gathered.narrow(0, r * k, count));
+  }
+  return parts.empty() ? gathered.narrow(0, 0, 0) : torch::cat(parts);
+}
+
+template <class T>
+std::vector<T> drop_split_padding(const std::vector<T>& gathered, int64_t total, int world) {
+  const int64_t k = padded_count(total, world);
+  ACCEL_CHECK(static_cast<int64_t>(gathered.size()) == k * world,
+              "accel: drop_split_padding() expects ", k * world, " items (", world, " ranks x ", k,
+              "). Pass the gather of every rank's padded split.");
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(total));
+  for (int r = 0; r < world; ++r) {
+    const auto begin = gathered.begin() + r * k;
+    out.insert(out.end(), begin, begin + split_range(total, r, world).count);
+  }
+  return out;
+}
+
+/// What the Accelerator remembers of its latest padded split, so that
+/// gather_for_metrics can drop the padding again.
+struct SplitPadding {
+  int64_t total = 0;
+  int world = 1;
+  /// Whether a gather with these per-rank row counts is of such a split.
+  bool matches(const std::vector<int64_t>& rows) const {
+    const int64_t k = padded_count(total, world);
+    return total > 0 && static_cast<int>(rows.size()) == world &&
+           std::all_of(rows.begin(), rows.end(), [k](int64_t r) { return r == k; }) &&
+           total % world != 0;
+  }
+};
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_SPLIT_HPP
+// end <accel/ops/split.hpp>
+// begin <accel/ops/trigger.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines ops::Trigger, the flag behind the Accelerator's
+/// set_trigger() / check_trigger() (early stopping decided by any rank).
+#ifndef ACCEL_OPS_TRIGGER_HPP
+#define ACCEL_OPS_TRIGGER_HPP
+
+#include <torch/torch.h>
+
+
+namespace accel::ops {
+
+/// One flag any rank may set; check() is one all-reduce (max) after which
+/// every rank knows whether some rank set it, and the flag is cleared.
+class Trigger {
+ public:
+  void set() { set_ = true; }
+  bool check(runtime::Communicator& comm) {
+    auto flag = torch::tensor({set_ ? 1 : 0}, torch::TensorOptions().dtype(torch::kInt).device(comm.device()));
+    comm.all_reduce(flag, runtime::ReduceOp::Max)->wait();
+    const bool seen = flag.cpu().item<int>() != 0;
+    if (seen) set_ = false;
+    return seen;
+  }
+
+ private:
+  bool set_ = false;
+};
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_TRIGGER_HPP
+// end <accel/ops/trigger.hpp>
 // begin <accel/shard/detail/bucket_reducer.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::shard::detail::BucketReducer: averages gradients across
@@ -9510,7 +11230,99 @@ inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const tor
 
 #include <cstdint>
 #include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/bucket_plan.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::plan_buckets, how gradient sync groups
+/// parameters into flat buckets, and storage_alias, how a parameter or its
+/// gradient lives inside one.
+#ifndef ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+#define ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
+/// autograd view: LibTorch's zero_grad (detach_ + zero_), in-place
+/// accumulation, set_data and optimizers treat it as a leaf and keep it.
+inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+}
+
+/// Which parameters share a bucket and where each one sits in it. Every
+/// reducer (Replicate's, ZeRO's) uses this one plan, so that the order of
+/// collectives, and the chunks a sharded optimizer checkpoints, follow one rule.
+struct BucketPlan {
+  struct Slot {
+    std::size_t bucket = 0;
+    int64_t offset = 0;          ///< first element of the parameter in its bucket
+    std::vector<int64_t> shape;  ///< the parameter's shape when it was planned
+  };
+  std::vector<std::vector<std::size_t>> buckets;  ///< parameter indices, in bucket order
+  std::vector<int64_t> numel;                     ///< elements of each bucket (unpadded)
+  std::vector<Slot> slots;                        ///< one per parameter
+
+  std::size_t size() const { return buckets.size(); }
+};
+
+/// Buckets hold parameters in reverse registration order (roughly the order
+/// backward produces their gradients); a new bucket starts when the next
+/// parameter would take it past bucket_bytes, or has another dtype, device or
+/// group (group_of: e.g. the optimizer's parameter group; empty: one group).
+inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                               const std::vector<int>& group_of = {}) {
+  const auto group = [&](std::size_t k) { return group_of.empty() ? 0 : group_of[k]; };
+  BucketPlan plan;
+  plan.slots.resize(params.size());
+  int64_t bytes = 0;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    bool start = plan.buckets.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
+    if (!start) {
+      const auto first = plan.buckets.back().front();
+      const auto& q = params[first];
+      start = q.scalar_type() != p.scalar_type() || q.device() != p.device() || group(first) != group(k);
+    }
+    if (start) {
+      plan.buckets.emplace_back();
+      plan.numel.push_back(0);
+      bytes = 0;
+    }
+    plan.slots[k] = BucketPlan::Slot{plan.buckets.size() - 1, plan.numel.back(), p.sizes().vec()};
+    plan.buckets.back().push_back(k);
+    plan.numel.back() += p.numel();
+    bytes += static_cast<int64_t>(p.nbytes());
+  }
+  return plan;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+// end <accel/shard/detail/bucket_plan.hpp>
+// begin <accel/shard/detail/bucket_round.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::BucketRound, one step's gradient
+/// reduction over planned buckets (ready flags, in-order launch, work in
+/// flight, closing), and BucketReduction, what a reducer does at each point.
+#ifndef ACCEL_SHARD_DETAIL_BUCKET_ROUND_HPP
+#define ACCEL_SHARD_DETAIL_BUCKET_ROUND_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -9605,113 +11417,208 @@ class AccumulatorHooks {
 
 namespace accel::shard::detail {
 
-/// Gradients live in a few flat buffers (buckets) that are allocated once and
-/// reused every step: each parameter's .grad is re-pointed at its slice, so
-/// autograd accumulates straight into the buffer and no copy is needed after
-/// the first step. Buckets hold parameters in reverse registration order
-/// (roughly the order backward produces them) and are all-reduced strictly in
-/// index order, so every rank issues the same sequence of collectives even
-/// when their gradients become ready in different orders.
-class BucketReducer final : public GradientSync {
+/// What a reducer does with its buckets; BucketRound decides when.
+class BucketReduction {
  public:
-  /// overlap: start a bucket's all-reduce from backward once it is full;
-  /// otherwise all of them in finalize(), after backward.
-  BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes, bool overlap = true)
-      : params_(std::move(params)), comm_(std::move(comm)), overlap_(overlap) {
-    build_buckets(bucket_bytes);
+  virtual ~BucketReduction() = default;
+  /// Starts the collective that reduces bucket `bucket` across ranks and
+  /// returns its work (nullptr: nothing to wait for). The one place where a
+  /// bucket's reduction starts: a communication hook plugs in here.
+  virtual std::shared_ptr<runtime::Work> launch_reduction(std::size_t bucket) = 0;
+  /// Parameter k's gradient is complete for this round, or the round closes
+  /// and k got none: the reducer may move it into its bucket.
+  virtual void take_gradient(std::size_t /*k*/) {}
+  /// Bucket `bucket`'s reduction has finished (its work was waited for).
+  virtual void on_reduced(std::size_t /*bucket*/) {}
+  /// The round is about to close (finalize, or a second backward reaching a
+  /// gradient that is already being reduced).
+  virtual void before_close() {}
+};
+
+struct RoundOptions {
+  /// Start a bucket's reduction from backward once its gradients are
+  /// complete; otherwise all of them when the round closes.
+  bool overlap = true;
+  /// At most this many reductions in flight (0: no limit): launching bucket b
+  /// first completes bucket b - max_in_flight.
+  std::size_t max_in_flight = 0;
+};
+
+/// One round per optimizer step: autograd hooks mark parameters ready; a
+/// bucket whose parameters are all ready may launch, but buckets launch
+/// strictly in index order, so every rank issues the same sequence of
+/// collectives even when gradients become ready in different orders.
+/// close() launches what backward did not (parameters without a gradient
+/// contribute their current value) and waits for every reduction.
+///
+/// The round is a member of its reducer, declared last: it is destroyed
+/// first, while the reducer it calls still exists.
+class BucketRound {
+ public:
+  /// sync: whose sync_now() says whether this backward communicates.
+  BucketRound(std::vector<torch::Tensor> params, BucketReduction& reduction, const GradientSync& sync,
+              RoundOptions options)
+      : reduction_(reduction), sync_(sync), options_(options), ready_(params.size(), false) {
     hooks_.emplace(
-        params_, [this](std::size_t k) { before_accumulate(k); },
-        [this](std::size_t k) { on_grad_ready(k); }, alive_);
+        std::move(params), [this](std::size_t k) { before_accumulate(k); },
+        [this](std::size_t k) { on_ready(k); }, alive_);
   }
-  BucketReducer(const BucketReducer&) = delete;
-  BucketReducer& operator=(const BucketReducer&) = delete;
-  ~BucketReducer() override {
-    // Hooks capture `this`: they must never run after destruction.
-    *alive_ = false;
+  BucketRound(const BucketRound&) = delete;
+  BucketRound& operator=(const BucketRound&) = delete;
+  ~BucketRound() {
+    *alive_ = false;  // hooks capture `this`: they must never run after destruction
     try {
-      wait_launched();
+      complete_all();
     } catch (...) {
     }
   }
 
-  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
-  void before_forward() override { hooks_->refresh(); }
-
-  void finalize() override {
-    if (!round_started_) return;
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) fill_missing(b);
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
-    launch_ready();
-    wait_launched();
-    reset_round();
+  /// The buckets (between rounds only: when the plan changes before training).
+  void set_plan(const BucketPlan& plan) {
+    bucket_of_.resize(plan.slots.size());
+    for (std::size_t k = 0; k < plan.slots.size(); ++k) bucket_of_[k] = plan.slots[k].bucket;
+    params_of_ = plan.buckets;
+    pending_.resize(params_of_.size());
+    work_.assign(params_of_.size(), nullptr);
+    reset();
   }
 
-  std::size_t num_buckets() const { return buckets_.size(); }
-  bool overlaps() const { return overlap_; }
-  /// Number of buckets whose all-reduce was started from a backward hook in
-  /// the last round (the overlap that happened); exposed for tests/benchmarks.
+  /// Before each forward: hook accumulators that Module::load replaced.
+  void refresh_hooks() { hooks_->refresh(); }
+
+  /// Launches what backward did not start, waits for everything in flight.
+  void close() {
+    reduction_.before_close();
+    if (!started_) return;
+    for (std::size_t b = next_launch_; b < params_of_.size(); ++b)
+      for (auto k : params_of_[b])
+        if (!ready_[k]) reduction_.take_gradient(k);
+    for (std::size_t b = next_launch_; b < params_of_.size(); ++b) pending_[b] = 0;
+    launch_ready();
+    complete_all();
+    reset();
+    ++rounds_;
+  }
+
+  /// Waits for bucket b's reduction, if one is in flight.
+  void complete(std::size_t b) {
+    if (!work_[b]) return;
+    auto w = std::move(work_[b]);
+    w->wait();
+    reduction_.on_reduced(b);
+  }
+
+  bool started() const { return started_; }
+  /// Rounds closed so far.
+  int64_t rounds() const { return rounds_; }
+  /// Buckets whose reduction started from a backward hook (the overlap that
+  /// happened), summed over rounds; for tests and benchmarks.
   std::size_t launched_during_backward() const { return launched_in_hooks_; }
 
  private:
-  struct Slot {
-    std::size_t bucket;
-    int64_t offset;
-  };
-  struct Bucket {
-    torch::Tensor buffer;
-    std::vector<std::size_t> params;
-    std::size_t pending = 0;
-    std::shared_ptr<runtime::Work> work;
-  };
+  // A second backward before the optimizer step: close the first round before
+  // autograd adds into a bucket whose reduction may still run (the average of
+  // averages is still the average); the hook then starts a new round.
+  void before_accumulate(std::size_t k) {
+    if (sync_.sync_now() && ready_[k]) close();
+  }
 
-  void build_buckets(int64_t bucket_bytes) {
-    slots_.resize(params_.size());
-    ready_.assign(params_.size(), false);
-    // Reverse order; a new bucket when the dtype/device changes or it is full.
-    std::vector<std::vector<std::size_t>> groups;
-    int64_t bytes = 0;
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const auto& p = params_[k];
-      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
-      if (!start) {
-        const auto& q = params_[groups.back().front()];
-        start = q.scalar_type() != p.scalar_type() || q.device() != p.device();
-      }
-      if (start) {
-        groups.emplace_back();
-        bytes = 0;
-      }
-      groups.back().push_back(k);
-      bytes += static_cast<int64_t>(p.nbytes());
-    }
-    for (auto& g : groups) {
-      Bucket b;
-      int64_t numel = 0;
-      for (auto k : g) {
-        slots_[k] = Slot{buckets_.size(), numel};
-        numel += params_[k].numel();
-      }
-      b.buffer = torch::zeros({numel}, params_[g.front()].options().requires_grad(false));
-      b.params = std::move(g);
-      b.pending = b.params.size();
-      buckets_.push_back(std::move(b));
+  void on_ready(std::size_t k) {
+    if (!sync_.sync_now()) return;  // a non-sync micro-step: no communication at all
+    started_ = true;
+    ready_[k] = true;
+    reduction_.take_gradient(k);
+    if (--pending_[bucket_of_[k]] == 0 && options_.overlap) {
+      const std::size_t before = next_launch_;
+      launch_ready();
+      launched_in_hooks_ += next_launch_ - before;
     }
   }
 
-  // A tensor sharing the bucket's storage that is NOT an autograd view, so
-  // LibTorch's zero_grad (detach_ + zero_) and in-place accumulation keep it.
-  torch::Tensor slice_for(std::size_t k) const {
-    const auto& p = params_[k];
-    const auto& buf = buckets_[slots_[k].bucket].buffer;
-    return torch::empty({0}, buf.options())
-        .set_(buf.storage(), buf.storage_offset() + slots_[k].offset, p.sizes(),
-              c10::contiguous_strides(p.sizes()));
+  void launch_ready() {
+    while (next_launch_ < params_of_.size() && pending_[next_launch_] == 0) {
+      const std::size_t b = next_launch_++;
+      if (options_.max_in_flight > 0 && b >= options_.max_in_flight) complete(b - options_.max_in_flight);
+      work_[b] = reduction_.launch_reduction(b);
+    }
   }
 
-  void adopt_grad(std::size_t k) {
+  void complete_all() {
+    for (std::size_t b = 0; b < work_.size(); ++b) complete(b);
+  }
+
+  void reset() {
+    for (std::size_t b = 0; b < params_of_.size(); ++b) pending_[b] = params_of_[b].size();
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_launch_ = 0;
+    started_ = false;
+  }
+
+  BucketReduction& reduction_;
+  const GradientSync& sync_;
+  RoundOptions options_;
+  std::vector<std::size_t> bucket_of_;              ///< per parameter
+  std::vector<std::vector<std::size_t>> params_of_;  ///< per bucket
+  std::vector<std::size_t> pending_;                 ///< per bucket: parameters not ready yet
+  std::vector<std::shared_ptr<runtime::Work>> work_;  ///< per bucket: its reduction in flight
+  std::vector<bool> ready_;                          ///< per parameter
+  std::size_t next_launch_ = 0;
+  std::size_t launched_in_hooks_ = 0;
+  int64_t rounds_ = 0;
+  bool started_ = false;
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
+  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_BUCKET_ROUND_HPP
+// end <accel/shard/detail/bucket_round.hpp>
+
+namespace accel::shard::detail {
+
+/// Gradients live in a few flat buffers (buckets, planned by plan_buckets)
+/// that are allocated once and reused every step: each parameter's .grad is
+/// re-pointed at its slice, so autograd accumulates straight into the buffer
+/// and no copy is needed after the first step. BucketRound decides when each
+/// bucket is all-reduced.
+class BucketReducer final : public GradientSync, private BucketReduction {
+ public:
+  /// overlap: start a bucket's all-reduce from backward once it is full;
+  /// otherwise all of them in finalize(), after backward. sync_now: see GradientSync.
+  BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
+                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
+        plan_(plan_buckets(params_, bucket_bytes)), overlap_(overlap),
+        round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
+    for (std::size_t b = 0; b < plan_.size(); ++b)
+      buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
+    round_.set_plan(plan_);
+  }
+
+  void before_forward() override { round_.refresh_hooks(); }
+  void finalize() override { round_.close(); }
+
+  std::size_t num_buckets() const { return plan_.size(); }
+  bool overlaps() const { return overlap_; }
+  /// Buckets whose all-reduce was started from a backward hook (the overlap
+  /// that happened); exposed for tests/benchmarks.
+  std::size_t launched_during_backward() const { return round_.launched_during_backward(); }
+
+ private:
+  std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
+    if (comm_->size() == 1) return nullptr;
+    buffers_[b].mul_(1.0 / comm_->size());
+    return comm_->all_reduce(buffers_[b], runtime::ReduceOp::Sum);
+  }
+
+  // Points .grad at the parameter's slice of its bucket (autograd then adds
+  // into the bucket); a parameter without a gradient contributes its current
+  // value (zero after zero_grad).
+  void take_gradient(std::size_t k) override {
+    const auto& slot = plan_.slots[k];
     auto& grad = params_[k].mutable_grad();
-    auto slice = slice_for(k);
+    auto slice = storage_alias(buffers_[slot.bucket], slot.offset, params_[k].sizes());
     if (grad.defined() && grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;
     torch::NoGradGuard no_grad;
     if (grad.defined())
@@ -9721,70 +11628,12 @@ class BucketReducer final : public GradientSync {
     grad = slice;
   }
 
-  // A second backward before the optimizer step: finish the first round
-  // before autograd adds into a bucket whose all-reduce may still run (the
-  // average of averages is still the average), then start a new one.
-  void before_accumulate(std::size_t k) {
-    if (enabled_ && ready_[k]) finalize();
-  }
-
-  void on_grad_ready(std::size_t k) {
-    if (!enabled_) return;
-    round_started_ = true;
-    ready_[k] = true;
-    adopt_grad(k);
-    auto& b = buckets_[slots_[k].bucket];
-    if (--b.pending == 0 && overlap_) {
-      std::size_t before = next_launch_;
-      launch_ready();
-      launched_in_hooks_ += next_launch_ - before;
-    }
-  }
-
-  void fill_missing(std::size_t b) {
-    for (auto k : buckets_[b].params)
-      if (!ready_[k]) adopt_grad(k);  // no gradient this round: contributes its current value (zero after zero_grad)
-  }
-
-  void launch_ready() {
-    const double inv_world = 1.0 / comm_->size();
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-      auto& b = buckets_[next_launch_++];
-      if (comm_->size() > 1) {
-        b.buffer.mul_(inv_world);
-        b.work = comm_->all_reduce(b.buffer, runtime::ReduceOp::Sum);
-      }
-    }
-  }
-
-  void wait_launched() {
-    for (auto& b : buckets_) {
-      if (b.work) {
-        auto w = std::move(b.work);
-        w->wait();
-      }
-    }
-  }
-
-  void reset_round() {
-    for (auto& b : buckets_) b.pending = b.params.size();
-    std::fill(ready_.begin(), ready_.end(), false);
-    next_launch_ = 0;
-    round_started_ = false;
-  }
-
   std::vector<torch::Tensor> params_;
   std::shared_ptr<runtime::Communicator> comm_;
-  std::vector<Slot> slots_;
-  std::vector<Bucket> buckets_;
-  std::vector<bool> ready_;
-  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
-  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
-  std::size_t next_launch_ = 0;
-  std::size_t launched_in_hooks_ = 0;
+  BucketPlan plan_;
+  std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
   bool overlap_;
-  bool enabled_ = true;
-  bool round_started_ = false;
+  BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
 }  // namespace accel::shard::detail
@@ -9825,13 +11674,6 @@ class BucketReducer final : public GradientSync {
 
 namespace accel::shard::detail {
 
-/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
-/// autograd view: zero_grad, set_data and optimizers treat it as a leaf.
-inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  return torch::empty({0}, base.options().requires_grad(false))
-      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-}
-
 /// Parameters are grouped into buckets as in BucketReducer (reverse
 /// registration order, one dtype and one optimizer parameter group per
 /// bucket, at most bucket_bytes), each padded to a multiple of the world size
@@ -9852,47 +11694,20 @@ inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at
 /// transient memory is about two buckets plus the gradients of the bucket
 /// being filled. (On the non-sync micro-steps of accumulate() the full
 /// gradients accumulate locally, as without sharding.)
-class ZeroReducer final : public GradientSync, public OptimizerPartition {
+class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
  public:
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-              int64_t bucket_bytes, bool shard_gradients)
-      : params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()) {
+              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr)
+      : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        // ZeRO-2 bounds its staging memory: at most two buckets in flight.
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
-    hooks_.emplace(
-        params_, [this](std::size_t k) { before_accumulate(k); },
-        [this](std::size_t k) { on_grad_ready(k); }, alive_);
-  }
-  ZeroReducer(const ZeroReducer&) = delete;
-  ZeroReducer& operator=(const ZeroReducer&) = delete;
-  ~ZeroReducer() override {
-    *alive_ = false;  // hooks capture `this`
-    try {
-      complete_all();
-    } catch (...) {
-    }
   }
 
-  void set_sync_enabled(bool enabled) override { enabled_ = enabled; }
-  void before_forward() override { hooks_->refresh(); }
-
-  void finalize() override {
-    reattach_parameters();
-    if (!round_started_) return;
-    if (!shard_gradients_)
-      for (std::size_t b = next_launch_; b < buckets_.size(); ++b)
-        for (auto k : buckets_[b].params)
-          if (!ready_[k]) adopt_grad(k);  // no gradient this round: its current value (zero after zero_grad)
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) buckets_[b].pending = 0;
-    launch_ready();
-    complete_all();
-    for (auto& b : buckets_) b.pending = b.params.size();
-    std::fill(ready_.begin(), ready_.end(), false);
-    next_launch_ = 0;
-    round_started_ = false;
-    ++rounds_;
-  }
+  void before_forward() override { round_.refresh_hooks(); }
+  void finalize() override { round_.close(); }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -9952,7 +11767,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
                   "only what the optimizer holds. Add it to the optimizer, or call "
                   "requires_grad_(false) on it before prepare().");
     if (group_of != group_of_) {
-      ACCEL_CHECK(rounds_ == 0 && !round_started_, "accel: the optimizer was prepared after a "
+      ACCEL_CHECK(round_.rounds() == 0 && !round_.started(), "accel: the optimizer was prepared after a "
                   "backward under a shard policy. Prepare the model and its optimizer before "
                   "training (in the same prepare() call).");
       build_layout(group_of);
@@ -9994,66 +11809,36 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   }
 
  private:
-  struct Slot {
-    std::size_t bucket;
-    int64_t offset;
-    std::vector<int64_t> shape;  ///< the parameter's shape when it moved into the bucket
-  };
   struct Bucket {
-    std::vector<std::size_t> params;
     int group = 0;
     int64_t chunk = 0;    ///< padded numel / world
     torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
     torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
-    std::size_t pending = 0;
-    std::shared_ptr<runtime::Work> work;
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
   };
 
   void build_layout(const std::vector<int>& group_of) {
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    std::vector<std::vector<std::size_t>> groups;
-    int64_t bytes = 0;
-    for (std::size_t k = params_.size(); k-- > 0;) {
-      const auto& p = params_[k];
-      bool start = groups.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes_;
-      if (!start) {
-        auto q_index = groups.back().front();
-        const auto& q = params_[q_index];
-        start = q.scalar_type() != p.scalar_type() || q.device() != p.device() ||
-                group_of[q_index] != group_of[k];
-      }
-      if (start) {
-        groups.emplace_back();
-        bytes = 0;
-      }
-      groups.back().push_back(k);
-      bytes += static_cast<int64_t>(p.nbytes());
-    }
+    plan_ = plan_buckets(params_, bucket_bytes_, group_of);
     std::vector<Bucket> buckets;
-    slots_.assign(params_.size(), Slot{0, 0, {}});
-    for (auto& g : groups) {
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      const auto& members = plan_.buckets[i];
       Bucket b;
-      int64_t numel = 0;
-      for (auto k : g) {
-        slots_[k] = Slot{buckets.size(), numel, params_[k].sizes().vec()};
-        numel += params_[k].numel();
-      }
-      b.group = group_of[g.front()];
-      b.chunk = (numel + world_ - 1) / world_;
-      const auto opts = params_[g.front()].options().requires_grad(false);
+      b.group = group_of[members.front()];
+      b.chunk = (plan_.numel[i] + world_ - 1) / world_;
+      const auto opts = params_[members.front()].options().requires_grad(false);
       b.flat = torch::zeros({b.chunk * world_}, opts);
       if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
-      for (auto k : g) {
+      for (auto k : members) {
         auto& p = params_[k];
-        auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+        auto slice = storage_alias(b.flat, plan_.slots[k].offset, p.sizes());
         slice.copy_(p.detach());
         auto old_grad = p.grad();
         p.set_data(slice);  // the module's parameter now lives in the bucket
         if (!shard_gradients_ && old_grad.defined()) {
-          auto gslice = storage_alias(b.grad, slots_[k].offset, p.sizes());
+          auto gslice = storage_alias(b.grad, plan_.slots[k].offset, p.sizes());
           gslice.copy_(old_grad);
           p.mutable_grad() = gslice;
         }
@@ -10062,12 +11847,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
       b.shard.set_requires_grad(true);
       b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
                                                 : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
-      b.params = std::move(g);
-      b.pending = b.params.size();
       buckets.push_back(std::move(b));
     }
     buckets_ = std::move(buckets);
-    ready_.assign(params_.size(), false);
+    round_.set_plan(plan_);
   }
 
   // Module::load (load_state) and user code may give a parameter new storage
@@ -10077,19 +11860,20 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     torch::NoGradGuard no_grad;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       auto& p = params_[k];
-      const auto& b = buckets_[slots_[k].bucket];
+      const auto& slot = plan_.slots[k];
+      const auto& b = buckets_[slot.bucket];
       auto* expected = static_cast<char*>(b.flat.data_ptr()) +
-                       slots_[k].offset * static_cast<int64_t>(b.flat.element_size());
+                       slot.offset * static_cast<int64_t>(b.flat.element_size());
       if (p.data_ptr() == expected && p.is_contiguous()) continue;
       // A parameter of another shape would overwrite its neighbours in the bucket.
-      ACCEL_CHECK(p.sizes().vec() == slots_[k].shape,
+      ACCEL_CHECK(p.sizes().vec() == slot.shape,
                   "accel: parameter ", k, " of a sharded model changed its shape from ",
-                  c10::IntArrayRef(slots_[k].shape), " to ", p.sizes(),
+                  c10::IntArrayRef(slot.shape), " to ", p.sizes(),
                   " after prepare(). Give parameters their final shapes before prepare().");
       ACCEL_CHECK(p.scalar_type() == b.flat.scalar_type(), "accel: parameter ", k,
                   " of a sharded model changed its dtype from ", b.flat.scalar_type(), " to ",
                   p.scalar_type(), ". Convert the model before prepare().");
-      auto slice = storage_alias(b.flat, slots_[k].offset, p.sizes());
+      auto slice = storage_alias(b.flat, slot.offset, p.sizes());
       slice.copy_(p.detach());
       p.set_data(slice);
     }
@@ -10097,18 +11881,23 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
 
   bool aliases_bucket(std::size_t k) const {
     const auto& g = params_[k].grad();
-    const auto& b = buckets_[slots_[k].bucket];
+    const auto& b = buckets_[plan_.slots[k].bucket];
     return g.defined() && b.grad.defined() &&
            g.data_ptr() == static_cast<char*>(b.grad.data_ptr()) +
-                               slots_[k].offset * static_cast<int64_t>(b.grad.element_size());
+                               plan_.slots[k].offset * static_cast<int64_t>(b.grad.element_size());
   }
 
-  // ZeRO-1: autograd accumulates straight into the bucket from then on.
-  void adopt_grad(std::size_t k) {
-    if (aliases_bucket(k) && params_[k].grad().is_contiguous()) return;
+  // The round's steps (BucketReduction).
+  void before_close() override { reattach_parameters(); }
+
+  // ZeRO-1: autograd accumulates straight into the bucket from then on (a
+  // parameter without a gradient contributes its current value, zero after
+  // zero_grad). ZeRO-2 copies the gradients when the bucket launches.
+  void take_gradient(std::size_t k) override {
+    if (shard_gradients_ || (aliases_bucket(k) && params_[k].grad().is_contiguous())) return;
     torch::NoGradGuard no_grad;
     auto& p = params_[k];
-    auto slice = storage_alias(buckets_[slots_[k].bucket].grad, slots_[k].offset, p.sizes());
+    auto slice = storage_alias(buckets_[plan_.slots[k].bucket].grad, plan_.slots[k].offset, p.sizes());
     if (p.grad().defined())
       slice.copy_(p.grad());
     else
@@ -10116,62 +11905,33 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
     p.mutable_grad() = slice;
   }
 
-  // A second backward before the step: close the first round before autograd
-  // adds into a bucket (ZeRO-1) whose reduction may still run.
-  void before_accumulate(std::size_t k) {
-    if (enabled_ && ready_[k]) finalize();
-  }
-
-  void on_grad_ready(std::size_t k) {
-    if (!enabled_) return;
-    round_started_ = true;
-    ready_[k] = true;
-    if (!shard_gradients_) adopt_grad(k);
-    if (--buckets_[slots_[k].bucket].pending == 0) launch_ready();
-  }
-
-  // Buckets start strictly in index order so every rank issues the same
-  // sequence of collectives.
-  void launch_ready() {
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
-  }
-
-  void launch(std::size_t index) {
+  std::shared_ptr<runtime::Work> launch_reduction(std::size_t index) override {
     torch::NoGradGuard no_grad;
     auto& b = buckets_[index];
     const double inv_world = 1.0 / world_;
     if (!shard_gradients_) {
       b.grad.mul_(inv_world);
-      b.work = comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
-      return;
+      return comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
     }
-    if (index >= 2) complete(buckets_[index - 2]);  // bound the staging memory
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
-    for (auto k : b.params) {
+    for (auto k : plan_.buckets[index]) {
       auto& p = params_[k];
       if (!p.grad().defined()) continue;
-      b.staging.narrow(0, slots_[k].offset, p.numel()).copy_(p.grad().reshape(-1));
+      b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
     b.staging.mul_(inv_world);
     b.received = torch::empty({b.chunk}, b.flat.options());
-    b.work = comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+    return comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
   }
 
-  void complete(Bucket& b) {
-    if (!b.work) return;
-    auto w = std::move(b.work);
-    w->wait();
-    if (shard_gradients_) {
-      torch::NoGradGuard no_grad;
-      b.shard.mutable_grad().add_(b.received);
-      b.staging = torch::Tensor();
-      b.received = torch::Tensor();
-    }
-  }
-
-  void complete_all() {
-    for (auto& b : buckets_) complete(b);
+  void on_reduced(std::size_t index) override {
+    if (!shard_gradients_) return;
+    auto& b = buckets_[index];
+    torch::NoGradGuard no_grad;
+    b.shard.mutable_grad().add_(b.received);
+    b.staging = torch::Tensor();
+    b.received = torch::Tensor();
   }
 
   std::vector<torch::Tensor> params_;
@@ -10181,16 +11941,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
-  std::vector<Slot> slots_;
+  BucketPlan plan_;
   std::vector<Bucket> buckets_;
-  std::vector<bool> ready_;
-  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>(true);
-  std::optional<AccumulatorHooks> hooks_;  ///< after alive_: hooks check it
-  std::size_t next_launch_ = 0;
-  int64_t rounds_ = 0;
-  bool enabled_ = true;
-  bool round_started_ = false;
   bool adopted_ = false;
+  BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
 }  // namespace accel::shard::detail
@@ -10200,22 +11954,24 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition {
 
 namespace accel::shard::detail {
 
+/// The reducers of the prepared sharded models (TrainingState::sharded).
+using ZeroReducers = std::vector<std::shared_ptr<ZeroReducer>>;
+
 /// The sharded model (among the prepared ones) whose parameter `p` is, or null.
-inline std::shared_ptr<ZeroReducer> find_zero_reducer(
-    const std::vector<std::shared_ptr<GradientSync>>& syncs, const torch::Tensor& p) {
-  for (const auto& s : syncs)
-    if (auto z = std::dynamic_pointer_cast<ZeroReducer>(s); z && z->owns(p)) return z;
+inline std::shared_ptr<ZeroReducer> find_zero_reducer(const ZeroReducers& sharded, const torch::Tensor& p) {
+  for (const auto& z : sharded)
+    if (z->owns(p)) return z;
   return nullptr;
 }
 
 /// Rebinds `opt` to the partitions of the prepared model that owns its
 /// parameters; the returned partition gathers updates and zeroes gradients.
-inline std::shared_ptr<OptimizerPartition> bind_optimizer(
-    const std::vector<std::shared_ptr<GradientSync>>& syncs, torch::optim::Optimizer& opt) {
+inline std::shared_ptr<OptimizerPartition> bind_optimizer(const ZeroReducers& sharded,
+                                                          torch::optim::Optimizer& opt) {
   std::shared_ptr<ZeroReducer> owner;
   for (auto& g : opt.param_groups())
     for (auto& p : g.params())
-      if (!owner) owner = find_zero_reducer(syncs, p);
+      if (!owner) owner = find_zero_reducer(sharded, p);
   ACCEL_CHECK(owner != nullptr, "accel: under a shard policy an optimizer must be prepared after "
               "the model whose parameters it holds (no prepared model owns this optimizer's "
               "parameters). Pass the model before the optimizer to prepare(), or prepare the "
@@ -10233,13 +11989,12 @@ struct ClipTargets {
   int64_t param_count = 0;                       ///< for norm_type 0 (count of gradients)
 };
 
-inline ClipTargets clip_targets(const std::vector<std::shared_ptr<GradientSync>>& syncs,
-                                std::vector<torch::Tensor> params) {
+inline ClipTargets clip_targets(const ZeroReducers& sharded, std::vector<torch::Tensor> params) {
   ClipTargets t;
   t.param_count = static_cast<int64_t>(params.size());
   std::shared_ptr<ZeroReducer> owner;
   for (const auto& p : params)
-    if (auto z = find_zero_reducer(syncs, p); z && z->shards_gradients()) {
+    if (auto z = find_zero_reducer(sharded, p); z && z->shards_gradients()) {
       owner = z;
       break;
     }
@@ -10992,9 +12747,8 @@ std::vector<torch::Tensor> parameters_of(T&& params) {
 template <class Backend = backend::SingleDevice, class Precision = precision::Fp32,
           class Shard = shard::Replicate>
 class Accelerator {
-  // The checks' own static_asserts carry the messages; this one instantiates them.
-  static_assert(check_accelerator_policies<Backend, Precision, Shard>::value,
-                "accel: invalid Accelerator<Backend, Precision, Shard>; see the message above.");
+  // Instantiates the checks: their own static_asserts carry the messages.
+  static_assert(check_accelerator_policies<Backend, Precision, Shard>::checked);
 
  public:
   using backend_type = Backend;
@@ -11077,11 +12831,12 @@ class Accelerator {
 
   class AccumulateGuard {
    public:
-    AccumulateGuard(shard::detail::GradientSync& sync, bool sync_now) : sync_(&sync) {
-      sync_->set_sync_enabled(sync_now);
+    // The model follows TrainingState::sync_gradients while the guard lives.
+    explicit AccumulateGuard(shard::detail::GradientSync& sync) : sync_(&sync) {
+      sync_->set_accumulating(true);
     }
     ~AccumulateGuard() {
-      if (sync_) sync_->set_sync_enabled(true);
+      if (sync_) sync_->set_accumulating(false);
     }
     AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
     AccumulateGuard(const AccumulateGuard&) = delete;
@@ -11107,7 +12862,7 @@ class Accelerator {
       sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
     }
     state_->sync_gradients = sync;
-    return AccumulateGuard(model.gradient_sync(), sync);
+    return AccumulateGuard(model.gradient_sync());
   }
 
   bool sync_gradients() const { return state_->sync_gradients; }
@@ -11120,7 +12875,7 @@ class Accelerator {
   double clip_grad_norm_(Params&& params, double max_norm, double norm_type = 2.0) {
     if (!state_->sync_gradients) return 0.0;
     // Under ShardGradients: this rank's partitions, the norm reduced across ranks.
-    auto t = shard::detail::clip_targets(state_->syncs,
+    auto t = shard::detail::clip_targets(state_->sharded,
                                          detail::parameters_of(std::forward<Params>(params)));
     prepare_gradients_for_clipping(t.tensors);
     return shard::detail::clip_grad_norm(t, max_norm, norm_type);
@@ -11129,7 +12884,7 @@ class Accelerator {
   template <class Params>
   void clip_grad_value_(Params&& params, double clip_value) {
     if (!state_->sync_gradients) return;
-    auto t = shard::detail::clip_targets(state_->syncs,
+    auto t = shard::detail::clip_targets(state_->sharded,
                                          detail::parameters_of(std::forward<Params>(params)));
     prepare_gradients_for_clipping(t.tensors);
     shard::detail::clip_grad_value(t, clip_value);
@@ -11138,13 +12893,18 @@ class Accelerator {
   torch::Tensor gather(const torch::Tensor& t) { return ops::gather(*state_->comm, t, debug_); }
 
   /// gather(), minus the samples that even_batches duplicated on the last
-  /// batch of the loader being iterated: exactly one result per dataset item.
+  /// batch of the loader being iterated, or the padding of the latest padded
+  /// split_between_processes(): exactly one result per item. Dim 0 may differ
+  /// across ranks (the other dimensions must agree).
   torch::Tensor gather_for_metrics(const torch::Tensor& t) {
-    auto all = gather(t);
+    std::vector<int64_t> rows;
+    auto all = ops::gather_ragged(*state_->comm, t, &rows);
     const auto* loader = data::active_loader_state();
     if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
         loader->remainder < all.size(0))
       return all.narrow(0, 0, loader->remainder);
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
     return all;
   }
 
@@ -11159,6 +12919,92 @@ class Accelerator {
     return ops::broadcast(*state_->comm, t, src);
   }
   void wait_for_everyone() { state_->comm->barrier(); }
+
+  // ---- Object collectives, work splitting, triggers, batch-size search:
+  // thin forwards to ops/objects.hpp, ops/split.hpp, ops/trigger.hpp and
+  // ops/batch_size.hpp (docs/collectives.md).
+
+  /// Every rank's obj, in rank order (one element per rank; nested
+  /// containers keep their structure). Tensors come back on device().
+  template <class T>
+  std::vector<T> gather_object(const T& obj) {
+    return ops::gather_object(*state_->comm, obj, state_->device);
+  }
+  /// Rank src's obj on every rank.
+  template <class T>
+  T broadcast_object(T obj, int src = 0) {
+    return ops::broadcast_object(*state_->comm, std::move(obj), src, state_->device);
+  }
+  /// This process's contiguous share of items (sizes differ by at most one).
+  /// With apply_padding every rank gets the same count, its last item
+  /// repeated; gather_for_metrics() then drops the padding again (until the
+  /// next split).
+  template <class T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) {
+    remember_split(static_cast<int64_t>(items.size()), apply_padding);
+    return ops::split_between_processes(items, env_.rank, num_processes(), apply_padding);
+  }
+  /// The same along dim 0 (a view of the rows without padding).
+  torch::Tensor split_between_processes(const torch::Tensor& items, bool apply_padding = false) {
+    auto out = ops::split_between_processes(items, env_.rank, num_processes(), apply_padding);
+    remember_split(items.size(0), apply_padding);
+    return out;
+  }
+  /// Every rank's items concatenated in rank order, minus what the tensor
+  /// version drops (loader duplicates on the last batch, split padding).
+  template <class T>
+  std::vector<T> gather_for_metrics(const std::vector<T>& items) {
+    auto parts = gather_object(items);
+    std::vector<int64_t> rows;
+    std::vector<T> all;
+    for (auto& p : parts) {
+      rows.push_back(static_cast<int64_t>(p.size()));
+      all.insert(all.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+    }
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
+        loader->remainder < static_cast<int64_t>(all.size())) {
+      all.resize(static_cast<std::size_t>(loader->remainder));
+      return all;
+    }
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
+    return all;
+  }
+  /// Any rank sets the trigger; the next check_trigger() (one all-reduce,
+  /// every rank must call it) is true on every rank, and clears it.
+  void set_trigger() { trigger_.set(); }
+  bool check_trigger() { return trigger_.check(*state_->comm); }
+  /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
+  /// out-of-memory error on any rank), every rank at the same size.
+  template <class F>
+  auto find_executable_batch_size(F&& fn, int64_t starting_batch_size) {
+    return ops::find_executable_batch_size(*state_->comm, std::forward<F>(fn), starting_batch_size);
+  }
+  /// Runs fn only on the main process (rank 0) / the local main process / the
+  /// last process / process `index`, as Accelerate's decorators of these
+  /// names; fn's result comes back as an optional (empty elsewhere). Not
+  /// collective: no process waits for another.
+  template <class F>
+  auto on_main_process(F&& fn) { return run_if(is_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_local_main_process(F&& fn) { return run_if(is_local_main_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_last_process(F&& fn) { return run_if(is_last_process(), std::forward<F>(fn)); }
+  template <class F>
+  auto on_process(int index, F&& fn) {
+    ACCEL_CHECK(index >= 0 && index < num_processes(), "accel: on_process() got process ", index,
+                " of ", num_processes(), ". Use an index in [0, num_processes()).");
+    return run_if(process_index() == index, std::forward<F>(fn));
+  }
+  // ---- end of object collectives
+
+  /// Records LibTorch's operators on this process while the returned object
+  /// lives and writes trace_dir/trace_rank<r>.json (Chrome trace) when it
+  /// goes; profiling::merge_traces makes one trace of all ranks.
+  [[nodiscard]] auto profile(std::filesystem::path trace_dir) {
+    return profiling::Trace(std::move(trace_dir), process_index());
+  }
 
   class MainProcessFirst {
    public:
@@ -11209,7 +13055,7 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    if (is_main_process()) checkpoint::save_module(*model.get(), dir, opts);
+    if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
     wait_for_everyone();
   }
 
@@ -11234,18 +13080,31 @@ class Accelerator {
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::save_state(registry_, options_, std::move(dir));
+    ckpt::save_state(registry_, options_, std::move(dir));
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     sync_registry();
-    checkpoint::load_state(registry_, options_, std::move(dir));
+    ckpt::load_state(registry_, options_, std::move(dir));
   }
+  // --- elastic restarts (docs/launching.md "Fault tolerance") ---
+  /// Resumes from the newest complete checkpoint under project_dir/checkpoints
+  /// (automatic naming) and returns its directory, or returns std::nullopt
+  /// and changes nothing when there is none (a first attempt). A checkpoint a
+  /// killed save left incomplete is never chosen; one that cannot be read is
+  /// skipped with a warning. save_state() then numbers on past every
+  /// checkpoint there. Every process must call it, after prepare() and
+  /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
+  std::optional<std::filesystem::path> load_latest_state() {
+    sync_registry();
+    return ckpt::load_latest_state(registry_, options_);
+  }
+  // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
-  /// checkpoint::Checkpointable); obj must outlive those calls.
-  template <checkpoint::Checkpointable T>
+  /// ckpt::Checkpointable); obj must outlive those calls.
+  template <ckpt::Checkpointable T>
   void register_for_checkpointing(T& obj) {
     registry_.add_custom(obj);
   }
@@ -11293,7 +13152,7 @@ class Accelerator {
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
       if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
         if (state_->comm->size() > 1)
-          prepared.set_partition(shard::detail::bind_optimizer(state_->syncs, *opt));
+          prepared.set_partition(shard::detail::bind_optimizer(state_->sharded, *opt));
       return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
@@ -11318,12 +13177,16 @@ class Accelerator {
       for (auto& p : module->parameters())
         if (p.requires_grad()) trainable.push_back(p);
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-      if constexpr (Shard::shards_optimizer_state)
-        sync = std::make_shared<shard::detail::ZeroReducer>(std::move(trainable), state_->comm,
-                                                            bucket_bytes, Shard::shards_gradients);
-      else
-        sync = std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
-                                                              bucket_bytes, overlap_gradient_sync());
+      auto sync_now = detail::TrainingState::sync_flag(state_);
+      if constexpr (Shard::shards_optimizer_state) {
+        auto zero = std::make_shared<shard::detail::ZeroReducer>(
+            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now);
+        state_->sharded.push_back(zero);
+        sync = std::move(zero);
+      } else {
+        sync = std::make_shared<shard::detail::BucketReducer>(
+            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now);
+      }
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
     }
@@ -11379,25 +13242,28 @@ class Accelerator {
   void install_loss_scaler() {
     scaler_ = std::make_shared<precision::LossScaler>(options_.grad_scaler);
     scaler_->set_comm_device(state_->comm->device());
-    std::weak_ptr<precision::LossScaler> weak = scaler_;
-    auto comm = state_->comm;
     // The prepared optimizer shares the training state, not the Accelerator:
-    // it may outlive the loss scaler.
-    const auto scaler_of = [](const std::weak_ptr<precision::LossScaler>& w) {
-      auto s = w.lock();
-      ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
-                  "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
-                  "alive while you train with what it prepared.");
-      return s;
-    };
-    state_->before_step = [weak, comm, scaler_of](torch::optim::Optimizer& opt) {
-      auto s = scaler_of(weak);
-      std::vector<torch::Tensor> params;
-      for (auto& g : opt.param_groups())
-        for (auto& p : g.params()) params.push_back(p);
-      return !s->unscale(params, *comm);
-    };
-    state_->after_step = [weak, scaler_of](bool) { scaler_of(weak)->update(); };
+    // it may outlive the loss scaler (TrainingState::before_step says so).
+    state_->scaler = scaler_;
+    state_->loss_scaling = true;
+  }
+
+  // Object collectives (see the block above): the trigger flag and the
+  // latest padded split, which gather_for_metrics() undoes.
+  ops::Trigger trigger_;
+  std::optional<ops::SplitPadding> split_padding_;
+  template <class F>
+  static auto run_if(bool here, F&& fn) {
+    using R = std::remove_cvref_t<std::invoke_result_t<F&>>;
+    if constexpr (std::is_void_v<R>) {
+      if (here) fn();
+    } else {
+      return here ? std::optional<R>(fn()) : std::nullopt;
+    }
+  }
+  void remember_split(int64_t total, bool padded) {
+    split_padding_.reset();
+    if (padded) split_padding_ = ops::SplitPadding{total, num_processes()};
   }
 
   AcceleratorOptions options_;
@@ -11405,7 +13271,7 @@ class Accelerator {
   std::shared_ptr<detail::TrainingState> state_;
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
-  checkpoint::StateRegistry registry_;  ///< what save_state() covers
+  ckpt::StateRegistry registry_;  ///< what save_state() covers
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {
@@ -11487,12 +13353,6 @@ struct PolicyChoice {
 
 namespace detail {
 
-/// Valid without firing the diagnostics: what check_accelerator_policies
-/// accepts, for use as a filter.
-template <class B, class P, class S>
-inline constexpr bool policies_compatible_v =
-    B::available && (B::multi_process || !(S::shards_optimizer_state || S::shards_gradients));
-
 /// std::tuple<E...> -> hana::tuple_t<E...>: users list policies as std::tuple.
 template <class Tuple>
 struct hana_types;
@@ -11533,7 +13393,7 @@ void dispatch_accelerator(const PolicyChoice& choice, F&& fn, AcceleratorOptions
         using B = typename decltype(+hana::at_c<0>(combo))::type;
         using P = typename decltype(+hana::at_c<1>(combo))::type;
         using S = typename decltype(+hana::at_c<2>(combo))::type;
-        return hana::bool_c<detail::policies_compatible_v<B, P, S>>;
+        return hana::bool_c<accelerator_policies_valid_v<B, P, S>>;
       });
   bool called = false;
   std::ostringstream available;
