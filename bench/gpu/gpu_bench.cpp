@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "../../tests/support/workload.hpp"
+
 namespace {
 
 struct Result {
@@ -55,21 +57,11 @@ Result time_steps(int warmup, int timed, Step&& step) {
 /// Workload W (shared/WORKLOAD.md) at batch 64, SGD with momentum.
 void bench_w(int timed) {
   accel::Accelerator<accel::backend::Nccl, accel::precision::Bf16> acc;
-  torch::manual_seed(0);
-  auto x = torch::randn({6400, 784}), y = torch::randint(0, 10, {6400}, torch::kLong);
-  torch::manual_seed(1);
-  torch::nn::Sequential seq;
-  seq->push_back(torch::nn::Linear(784, 2048));
-  seq->push_back(torch::nn::ReLU());
-  seq->push_back(torch::nn::Linear(2048, 2048));
-  seq->push_back(torch::nn::ReLU());
-  seq->push_back(torch::nn::Linear(2048, 2048));
-  seq->push_back(torch::nn::ReLU());
-  seq->push_back(torch::nn::Linear(2048, 10));
-  torch::optim::SGD sgd(seq->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto data = workload::make_data();
+  auto seq = workload::make_model();
+  torch::optim::SGD sgd(seq->parameters(), workload::sgd_options());
   auto [m, o] = acc.prepare(seq, sgd);
-  x = x.to(acc.device());
-  y = y.to(acc.device());
+  auto x = data.x.to(acc.device()), y = data.y.to(acc.device());
   auto r = time_steps(3, timed, [&](int i) {
     const int64_t b = i % 100;
     o.zero_grad();
