@@ -11,7 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 root=${ACCEL_TRIXIE_ROOT:-/var/cache/accel/trixie}
 mirror=${ACCEL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-if [[ $(id -u) -ne 0 ]]; then exec sudo --preserve-env=ACCEL_TRIXIE_ROOT,ACCEL_DEBIAN_MIRROR,CI "$0" "$@"; fi
+if [[ $(id -u) -ne 0 ]]; then exec sudo --preserve-env=ACCEL_TRIXIE_ROOT,ACCEL_DEBIAN_MIRROR,ACCEL_TEST_CMAKE_ARGS,CI "$0" "$@"; fi
 say() { echo "test-libtorch2: $*"; }
 started=$(date +%s)
 
@@ -65,7 +65,7 @@ unshare --mount --propagation private -- bash -c '
   mount -t sysfs sys "$root/sys"
   mount --rbind /dev "$root/dev"
   exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" \
+    HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" ACCEL_TEST_CMAKE_ARGS="${ACCEL_TEST_CMAKE_ARGS:-}" \
     CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime \
     bash -c "$0" bash "$@"' "$inner" "$root" "$@"
 rc=$?
