@@ -11,6 +11,7 @@
 #include <accel/runtime.hpp>
 #include <accel/backend.hpp>
 #include <accel/precision.hpp>
+#include <accel/comm.hpp>
 #include <accel/shard.hpp>
 #include <accel/compatibility.hpp>
 #include <accel/data.hpp>

@@ -19,6 +19,7 @@
 
 #include <accel/backend.hpp>
 #include <accel/checkpoint/save_model.hpp>
+#include <accel/comm.hpp>
 #include <accel/checkpoint/latest_state.hpp>
 #include <accel/checkpoint/save_state.hpp>
 #include <accel/compatibility.hpp>
@@ -211,13 +212,7 @@ class Accelerator {
   torch::Tensor gather_for_metrics(const torch::Tensor& t) {
     std::vector<int64_t> rows;
     auto all = ops::gather_ragged(*state_->comm, t, &rows);
-    const auto* loader = data::active_loader_state();
-    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
-        loader->remainder < all.size(0))
-      return all.narrow(0, 0, loader->remainder);
-    if (split_padding_ && split_padding_->matches(rows))
-      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
-    return all;
+    return drop_metric_duplicates(std::move(all), rows);
   }
 
   torch::Tensor reduce(const torch::Tensor& t, Reduction r = Reduction::Sum) {
@@ -273,15 +268,7 @@ class Accelerator {
       rows.push_back(static_cast<int64_t>(p.size()));
       all.insert(all.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
     }
-    const auto* loader = data::active_loader_state();
-    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
-        loader->remainder < static_cast<int64_t>(all.size())) {
-      all.resize(static_cast<std::size_t>(loader->remainder));
-      return all;
-    }
-    if (split_padding_ && split_padding_->matches(rows))
-      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
-    return all;
+    return drop_metric_duplicates(std::move(all), rows);
   }
   /// Any rank sets the trigger; the next check_trigger() (one all-reduce,
   /// every rank must call it) is true on every rank, and clears it.
@@ -451,7 +438,24 @@ class Accelerator {
   /// The loss scaler of precision::Fp16 (nullptr otherwise).
   precision::LossScaler* loss_scaler() const { return scaler_.get(); }
 
+  /// Averages every gradient bucket of the models prepared so far, and of
+  /// those prepared later, with `hook` instead of AcceleratorOptions::comm_hook
+  /// (as DDP's register_comm_hook). Call it before training: after a backward
+  /// of a prepared model it is an error. With one process nothing is
+  /// communicated and the hook is never called. docs/comm_hooks.md.
+  void register_comm_hook(comm::HookFunction hook) {
+    [[maybe_unused]] comm::FunctionHook checked(hook);  // an empty function fails here
+    for (auto& sync : state_->syncs) sync->set_comm_hook(std::make_shared<comm::FunctionHook>(hook));
+    user_hook_ = std::move(hook);
+  }
+
  private:
+  // A new hook per prepared model: PowerSGD keeps state per bucket.
+  std::shared_ptr<comm::Hook> make_comm_hook() const {
+    if (user_hook_) return std::make_shared<comm::FunctionHook>(user_hook_);
+    return comm::make_hook(options_.comm_hook, options_.powersgd);
+  }
+
   template <class A>
   auto prepare_one(A&& a) {
     using T = std::remove_cvref_t<A>;
@@ -492,12 +496,14 @@ class Accelerator {
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now);
+            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
+            make_comm_hook());
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
         sync = std::make_shared<shard::detail::BucketReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now);
+            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now,
+            make_comm_hook());
       }
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
@@ -573,6 +579,26 @@ class Accelerator {
       return here ? std::optional<R>(fn()) : std::nullopt;
     }
   }
+  // gather_for_metrics' one rule, for tensors (dim 0) and vectors: drop what
+  // even_batches repeated on the loader's last batch, or the padding of the
+  // latest padded split; rows: the count each rank contributed.
+  template <class Items>
+  Items drop_metric_duplicates(Items all, const std::vector<int64_t>& rows) const {
+    int64_t count = 0;
+    for (auto r : rows) count += r;
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 && loader->remainder < count) {
+      if constexpr (std::is_same_v<Items, torch::Tensor>) {
+        return all.narrow(0, 0, loader->remainder);
+      } else {
+        all.resize(static_cast<std::size_t>(loader->remainder));
+        return all;
+      }
+    }
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
+    return all;
+  }
   void remember_split(int64_t total, bool padded) {
     split_padding_.reset();
     if (padded) split_padding_ = ops::SplitPadding{total, num_processes()};
@@ -584,6 +610,7 @@ class Accelerator {
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
   ckpt::StateRegistry registry_;  ///< what save_state() covers
+  comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {

@@ -19,6 +19,21 @@ struct GradScalerOptions {
   int64_t growth_interval = 2000;
 };
 
+/// How gradient buckets travel between processes (shard::Replicate, and the
+/// ZeRO reductions): as they are, cast to float16 / bfloat16 for the wire
+/// (PyTorch's fp16_compress_hook / bf16_compress_hook), or PowerSGD's
+/// low-rank approximation (Vogels et al., 2019; PyTorch's powerSGD_hook).
+/// docs/comm_hooks.md.
+enum class CommHook { None, Fp16, Bf16, PowerSGD };
+
+/// CommHook::PowerSGD, with PyTorch's names and defaults.
+struct PowerSGDOptions {
+  int matrix_approximation_rank = 1;  ///< r: each m x n gradient travels as m x r and n x r
+  int start_powerSGD_iter = 1000;     ///< plain all-reduce for this many optimizer steps first
+  bool use_error_feedback = true;     ///< add what compression lost to the next step's gradient
+  bool warm_start = true;             ///< start each step's power iteration from the last Q
+};
+
 struct AcceleratorOptions {
   int gradient_accumulation_steps = 1;
   bool split_batches = false;  ///< true: loader batch size is the global batch, split across ranks
@@ -38,6 +53,9 @@ struct AcceleratorOptions {
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
   std::optional<int> total_limit{};          ///< keep at most this many automatic checkpoints
+  // --- second round (API.md section 7) ---
+  CommHook comm_hook = CommHook::None;       ///< gradient compression on the wire
+  PowerSGDOptions powersgd{};                ///< CommHook::PowerSGD's settings
 };
 
 enum class Reduction { Sum, Mean };

@@ -9,6 +9,7 @@
 #define ACCEL_RUNTIME_HPP
 
 #include <accel/runtime/communicator.hpp>
+#include <accel/runtime/counting_communicator.hpp>
 #include <accel/runtime/gloo_communicator.hpp>
 #include <accel/runtime/heartbeat.hpp>
 #include <accel/runtime/mpi_communicator.hpp>

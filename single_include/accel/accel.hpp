@@ -159,6 +159,21 @@ struct GradScalerOptions {
   int64_t growth_interval = 2000;
 };
 
+/// How gradient buckets travel between processes (shard::Replicate, and the
+/// ZeRO reductions): as they are, cast to float16 / bfloat16 for the wire
+/// (PyTorch's fp16_compress_hook / bf16_compress_hook), or PowerSGD's
+/// low-rank approximation (Vogels et al., 2019; PyTorch's powerSGD_hook).
+/// docs/comm_hooks.md.
+enum class CommHook { None, Fp16, Bf16, PowerSGD };
+
+/// CommHook::PowerSGD, with PyTorch's names and defaults.
+struct PowerSGDOptions {
+  int matrix_approximation_rank = 1;  ///< r: each m x n gradient travels as m x r and n x r
+  int start_powerSGD_iter = 1000;     ///< plain all-reduce for this many optimizer steps first
+  bool use_error_feedback = true;     ///< add what compression lost to the next step's gradient
+  bool warm_start = true;             ///< start each step's power iteration from the last Q
+};
+
 struct AcceleratorOptions {
   int gradient_accumulation_steps = 1;
   bool split_batches = false;  ///< true: loader batch size is the global batch, split across ranks
@@ -178,6 +193,9 @@ struct AcceleratorOptions {
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
   std::optional<int> total_limit{};          ///< keep at most this many automatic checkpoints
+  // --- second round (API.md section 7) ---
+  CommHook comm_hook = CommHook::None;       ///< gradient compression on the wire
+  PowerSGDOptions powersgd{};                ///< CommHook::PowerSGD's settings
 };
 
 enum class Reduction { Sum, Mean };
@@ -360,9 +378,11 @@ inline void set_seed(uint64_t seed, bool device_specific = false) {
 #define ACCEL_RUNTIME_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -387,6 +407,29 @@ class CompletedWork final : public Work {
   bool is_completed() override { return true; }
 };
 
+/// A Work followed by what must happen after it (decompress, launch the next
+/// collective of a chain): wait() waits for `first`, then runs `then` once.
+/// The chain is driven by wait(): every rank waits for its works in the same
+/// order, so collectives started by `then` are issued in the same order too.
+class ThenWork final : public Work {
+ public:
+  ThenWork(std::shared_ptr<Work> first, std::function<void()> then)
+      : first_(std::move(first)), then_(std::move(then)) {}
+  void wait() override {
+    if (first_) first_->wait();
+    if (then_) {
+      auto f = std::move(then_);
+      then_ = nullptr;
+      f();
+    }
+  }
+  bool is_completed() override { return !then_ && (!first_ || first_->is_completed()); }
+
+ private:
+  std::shared_ptr<Work> first_;
+  std::function<void()> then_;
+};
+
 /// Collectives across the processes of one job. Tensors are contiguous and on
 /// the communicator's device; results are written in place (all_reduce,
 /// broadcast) or into the given output (all_gather, reduce_scatter).
@@ -401,6 +444,12 @@ class Communicator {
   /// CPU for Gloo, MPI and Local, the process's CUDA device for NCCL. Helper
   /// tensors (sizes, flags) that feed a collective are made here.
   virtual torch::Device device() const = 0;
+  /// Whether all_reduce and reduce_scatter sum tensors of `dtype` as they
+  /// are: false where the backend widens them first (MPI's float16 and
+  /// bfloat16 go as float32; Gloo has no bfloat16 sum), so compressing to
+  /// that dtype would save nothing on the wire (communication hooks then
+  /// all-gather the 16-bit values and sum locally).
+  virtual bool sums_natively(torch::ScalarType /*dtype*/) const { return true; }
 
   /// In place: every rank ends with the reduction of everyone's `tensor`.
   virtual std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
@@ -469,6 +518,74 @@ class LocalCommunicator final : public Communicator {
 
 #endif  // ACCEL_RUNTIME_COMMUNICATOR_HPP
 // end <accel/runtime/communicator.hpp>
+// begin <accel/runtime/counting_communicator.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::runtime::CountingCommunicator: another communicator's
+/// collectives, with the bytes each rank hands to them counted (what
+/// compression saves, for tests and benchmarks).
+#ifndef ACCEL_RUNTIME_COUNTING_COMMUNICATOR_HPP
+#define ACCEL_RUNTIME_COUNTING_COMMUNICATOR_HPP
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include <torch/torch.h>
+
+
+namespace accel::runtime {
+
+/// Forwards to `inner` (which must outlive it). bytes() sums, over every
+/// collective, the bytes of this rank's contribution: the tensor of
+/// all_reduce and broadcast, the input of all_gather and reduce_scatter. A
+/// ring all-reduce puts about twice that on the wire, an all-gather N - 1
+/// times; the ratio between two runs of the same collectives is what it shows.
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string_view backend_name() const override { return inner_.backend_name(); }
+  torch::Device device() const override { return inner_.device(); }
+  bool sums_natively(torch::ScalarType dtype) const override { return inner_.sums_natively(dtype); }
+
+  std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) override {
+    count(tensor);
+    return inner_.all_reduce(tensor, op);
+  }
+  std::shared_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    count(input);
+    return inner_.all_gather(output, input);
+  }
+  std::shared_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op = ReduceOp::Sum) override {
+    count(input);
+    return inner_.reduce_scatter(output, input, op);
+  }
+  std::shared_ptr<Work> broadcast(torch::Tensor& tensor, int src = 0) override {
+    count(tensor);
+    return inner_.broadcast(tensor, src);
+  }
+  void barrier() override { inner_.barrier(); }
+
+  int64_t bytes() const { return bytes_; }
+  int64_t collectives() const { return collectives_; }
+  void reset() { bytes_ = collectives_ = 0; }
+
+ private:
+  void count(const torch::Tensor& t) {
+    bytes_ += static_cast<int64_t>(t.nbytes());
+    ++collectives_;
+  }
+  Communicator& inner_;
+  int64_t bytes_ = 0, collectives_ = 0;
+};
+
+}  // namespace accel::runtime
+
+#endif  // ACCEL_RUNTIME_COUNTING_COMMUNICATOR_HPP
+// end <accel/runtime/counting_communicator.hpp>
 // begin <accel/runtime/gloo_communicator.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::GlooCommunicator and make_gloo_communicator:
@@ -1204,6 +1321,9 @@ class GlooCommunicator final : public C10dCommunicator {
     make_group([&] { return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts); });
   }
 
+  /// Gloo sums float16 (gloo::float16) but has no bfloat16 sum in 1.13.
+  bool sums_natively(torch::ScalarType dtype) const override { return dtype != torch::kBFloat16; }
+
 #if !ACCEL_TORCH_AT_LEAST(2, 6)
   /// LibTorch before 2.6: Gloo has no flat all_gather (_allgather_base).
   /// Gloo gathers into per-rank views of `output` through its own flat
@@ -1903,6 +2023,9 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::string_view name = "Mpi";
   std::string_view backend_name() const override { return name; }
   torch::Device device() const override { return torch::kCPU; }
+  bool sums_natively(torch::ScalarType dtype) const override {
+    return dtype != torch::kHalf && dtype != torch::kBFloat16;  // widened to float32
+  }
   MPI_Comm comm() const { return comm_; }
   MpiProgress progress() const { return thread_ ? MpiProgress::Thread : MpiProgress::Test; }
 
@@ -2665,6 +2788,450 @@ class LossScaler {
 
 #endif  // ACCEL_PRECISION_HPP
 // end <accel/precision.hpp>
+// begin <accel/comm.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the gradient communication hooks (AcceleratorOptions::comm_hook,
+/// Accelerator::register_comm_hook).
+#ifndef ACCEL_COMM_HPP
+#define ACCEL_COMM_HPP
+
+// begin <accel/comm/cast_hook.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::comm::CastHook, CommHook::Fp16 and CommHook::Bf16:
+/// gradients travel as 16-bit floats, half the bytes of float32.
+#ifndef ACCEL_COMM_CAST_HOOK_HPP
+#define ACCEL_COMM_CAST_HOOK_HPP
+
+#include <memory>
+#include <utility>
+
+#include <torch/torch.h>
+
+// begin <accel/comm/hook.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares accel::comm::Hook, how a bucket of gradients is averaged
+/// across processes, and the two simplest hooks: MeanHook (what accel does
+/// without a hook) and FunctionHook (a user's callable).
+#ifndef ACCEL_COMM_HOOK_HPP
+#define ACCEL_COMM_HOOK_HPP
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include <torch/torch.h>
+
+// begin <accel/comm/grad_bucket.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::comm::GradBucket, what a communication hook is given:
+/// one bucket of gradients of one optimizer step.
+#ifndef ACCEL_COMM_GRAD_BUCKET_HPP
+#define ACCEL_COMM_GRAD_BUCKET_HPP
+
+#include <cstddef>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::comm {
+
+/// One bucket of this rank's gradients. Buckets are numbered in the order
+/// they are reduced (the same on every rank, and the same every step), so a
+/// hook may keep state per bucket index.
+struct GradBucket {
+  std::size_t index = 0;
+  /// Flat, contiguous: this rank's gradients (and, under ZeRO, zero padding
+  /// at the end). The hook leaves the mean over ranks here.
+  torch::Tensor buffer;
+  /// One per parameter of the bucket: a view of `buffer` with the
+  /// parameter's shape (what PowerSGD compresses).
+  std::vector<torch::Tensor> gradients;
+  /// The last bucket of this step.
+  bool is_last = false;
+};
+
+}  // namespace accel::comm
+
+#endif  // ACCEL_COMM_GRAD_BUCKET_HPP
+// end <accel/comm/grad_bucket.hpp>
+
+namespace accel::comm {
+
+/// A user's hook: start averaging bucket.buffer across ranks and return the
+/// work to wait for; when that work's wait() returns, bucket.buffer must hold
+/// the mean. It runs on every rank for the same buckets in the same order, so
+/// it must issue the same collectives everywhere. Return a runtime::ThenWork
+/// to decompress (or start a second collective) after the first one.
+using HookFunction = std::function<std::shared_ptr<runtime::Work>(GradBucket&, runtime::Communicator&)>;
+
+/// What a gradient sync calls where a bucket's reduction starts. One object
+/// per prepared model (hooks with state keep it per bucket index).
+class Hook {
+ public:
+  virtual ~Hook() = default;
+  /// Replicate and ZeRO-1: when the returned work is done, bucket.buffer holds
+  /// the mean over ranks.
+  virtual std::shared_ptr<runtime::Work> all_reduce(GradBucket& bucket, runtime::Communicator& comm) = 0;
+  /// ZeRO-2: `output` (1/N of bucket.buffer's elements) receives the mean of
+  /// every rank's chunk `comm.rank()`. By default the whole bucket is
+  /// all-reduced through all_reduce() and this rank's chunk kept.
+  virtual std::shared_ptr<runtime::Work> reduce_scatter(torch::Tensor output, GradBucket& bucket,
+                                                        runtime::Communicator& comm) {
+    auto work = all_reduce(bucket, comm);
+    const auto n = output.numel();
+    return std::make_shared<runtime::ThenWork>(
+        std::move(work), [out = std::move(output), buf = bucket.buffer, r = comm.rank(), n]() mutable {
+          torch::NoGradGuard no_grad;
+          out.view(-1).copy_(buf.view(-1).narrow(0, r * n, n));
+        });
+  }
+  /// State that save_state() keeps and load_state() restores (PowerSGD's).
+  virtual bool has_state() const { return false; }
+  virtual void save(torch::serialize::OutputArchive& /*archive*/) const {}
+  virtual void load(torch::serialize::InputArchive& /*archive*/) {}
+};
+
+/// No compression: divide by the world size, sum across ranks.
+class MeanHook final : public Hook {
+ public:
+  std::shared_ptr<runtime::Work> all_reduce(GradBucket& bucket, runtime::Communicator& comm) override {
+    bucket.buffer.mul_(1.0 / comm.size());
+    return comm.all_reduce(bucket.buffer, runtime::ReduceOp::Sum);
+  }
+  std::shared_ptr<runtime::Work> reduce_scatter(torch::Tensor output, GradBucket& bucket,
+                                                runtime::Communicator& comm) override {
+    bucket.buffer.mul_(1.0 / comm.size());
+    return comm.reduce_scatter(output, bucket.buffer, runtime::ReduceOp::Sum);
+  }
+};
+
+/// A user's callable (Accelerator::register_comm_hook).
+class FunctionHook final : public Hook {
+ public:
+  explicit FunctionHook(HookFunction fn) : fn_(std::move(fn)) {
+    ACCEL_CHECK(fn_ != nullptr, "accel: register_comm_hook() was given an empty function. Pass a "
+                "callable (GradBucket&, Communicator&) -> std::shared_ptr<Work>.");
+  }
+  std::shared_ptr<runtime::Work> all_reduce(GradBucket& bucket, runtime::Communicator& comm) override {
+    auto work = fn_(bucket, comm);
+    return work ? work : std::make_shared<runtime::CompletedWork>();
+  }
+
+ private:
+  HookFunction fn_;
+};
+
+}  // namespace accel::comm
+
+#endif  // ACCEL_COMM_HOOK_HPP
+// end <accel/comm/hook.hpp>
+
+namespace accel::comm {
+
+/// As PyTorch's fp16_compress_hook / bf16_compress_hook: the bucket is cast
+/// to `wire` and divided by the world size, summed across ranks in `wire`,
+/// and cast back. Where the backend cannot sum `wire` as it is (Gloo has no
+/// bfloat16 sum; MPI has no 16-bit float types and would widen to float32,
+/// saving nothing), the 16-bit values are all-gathered instead (moved as raw
+/// 16-bit words) and summed here in float32, in rank order, so every rank
+/// gets the same result. All-gather sends (N - 1) / 2 times a ring
+/// all-reduce's bytes: equal for 2 processes, more beyond.
+class CastHook final : public Hook {
+ public:
+  explicit CastHook(torch::ScalarType wire) : wire_(wire) {}
+
+  std::shared_ptr<runtime::Work> all_reduce(GradBucket& bucket, runtime::Communicator& comm) override {
+    auto compressed = bucket.buffer.to(wire_).div_(comm.size());
+    auto buffer = bucket.buffer;
+    if (comm.sums_natively(wire_)) {
+      auto work = comm.all_reduce(compressed, runtime::ReduceOp::Sum);
+      return std::make_shared<runtime::ThenWork>(std::move(work), [buffer, compressed]() mutable {
+        torch::NoGradGuard no_grad;
+        buffer.copy_(compressed);
+      });
+    }
+    return gather_and_sum(std::move(compressed), std::move(buffer), comm);
+  }
+
+  std::shared_ptr<runtime::Work> reduce_scatter(torch::Tensor output, GradBucket& bucket,
+                                                runtime::Communicator& comm) override {
+    if (!comm.sums_natively(wire_)) return Hook::reduce_scatter(std::move(output), bucket, comm);
+    auto compressed = bucket.buffer.to(wire_).div_(comm.size());
+    auto received = torch::empty({output.numel()}, compressed.options());
+    auto work = comm.reduce_scatter(received, compressed, runtime::ReduceOp::Sum);
+    return std::make_shared<runtime::ThenWork>(
+        std::move(work), [output = std::move(output), received, compressed]() mutable {
+          torch::NoGradGuard no_grad;
+          output.view(-1).copy_(received);
+        });
+  }
+
+ private:
+  // Every rank's 16-bit values, moved as float16 words (Gloo gathers
+  // float16 but not bfloat16; the bits are the same size), summed in float32.
+  static std::shared_ptr<runtime::Work> gather_and_sum(torch::Tensor compressed, torch::Tensor buffer,
+                                                       runtime::Communicator& comm) {
+    const auto dtype = compressed.scalar_type();
+    auto words = compressed.view(torch::kHalf);
+    auto gathered = torch::empty({comm.size() * words.numel()}, words.options());
+    auto work = comm.all_gather(gathered, words);
+    return std::make_shared<runtime::ThenWork>(
+        std::move(work), [buffer, gathered, words, dtype, world = comm.size()]() mutable {
+          torch::NoGradGuard no_grad;
+          auto values = gathered.view(dtype).view({world, -1}).to(torch::kFloat);
+          buffer.copy_(values.sum(0));
+        });
+  }
+
+  torch::ScalarType wire_;
+};
+
+}  // namespace accel::comm
+
+#endif  // ACCEL_COMM_CAST_HOOK_HPP
+// end <accel/comm/cast_hook.hpp>
+// begin <accel/comm/make_hook.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::comm::make_hook, the hook AcceleratorOptions ask for.
+#ifndef ACCEL_COMM_MAKE_HOOK_HPP
+#define ACCEL_COMM_MAKE_HOOK_HPP
+
+#include <memory>
+
+// begin <accel/comm/powersgd_hook.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::comm::PowerSGDHook, CommHook::PowerSGD: each
+/// matrix-shaped gradient travels as two thin factors (Vogels et al., 2019,
+/// "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+/// Optimization"), with error feedback and warm start.
+#ifndef ACCEL_COMM_POWERSGD_HOOK_HPP
+#define ACCEL_COMM_POWERSGD_HOOK_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::comm {
+
+namespace detail {
+
+/// Gram-Schmidt on the columns of m (rows x r), in place. A zero column
+/// stays zero (the epsilon), where PyTorch's default would divide by zero.
+inline void orthogonalize(torch::Tensor m) {
+  const auto cols = m.size(1);
+  for (int64_t i = 0; i < cols; ++i) {
+    auto col = m.narrow(1, i, 1);
+    col.div_(col.norm() + 1e-8);
+    if (i + 1 < cols) {
+      auto rest = m.narrow(1, i + 1, cols - i - 1);
+      rest.sub_((col * rest).sum(0, /*keepdim=*/true) * col);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Per bucket and step, after start_powerSGD_iter plain steps:
+/// 1. error feedback: the bucket gets what compression lost on this rank at
+///    the previous step added to it (the error of the whole bucket, as PyTorch);
+/// 2. each gradient viewed as a rows x cols matrix (dim 0 x the rest) that
+///    compression makes at least 2x smaller becomes M; the others (biases,
+///    small matrices, padding) are averaged as they are;
+/// 3. P = M Q (Q: the last step's, or seeded random, orthogonalized), summed
+///    across ranks in one all-reduce together with the uncompressed values;
+///    P orthogonalized; Q = M^T P, summed across ranks and divided by N;
+///    M is replaced by P Q^T.
+/// Two collectives per bucket: the second starts when the first is waited
+/// for (runtime::ThenWork). State (step count, errors, Qs) is saved by
+/// save_state() so that resume stays bit-exact.
+class PowerSGDHook final : public Hook {
+ public:
+  explicit PowerSGDHook(PowerSGDOptions options) : options_(options) {
+    ACCEL_CHECK(options_.matrix_approximation_rank >= 1, "accel: PowerSGDOptions::matrix_approximation_rank is ",
+                options_.matrix_approximation_rank, "; it must be at least 1.");
+    ACCEL_CHECK(options_.start_powerSGD_iter >= 0, "accel: PowerSGDOptions::start_powerSGD_iter is ",
+                options_.start_powerSGD_iter, "; it must be 0 or more.");
+  }
+
+  std::shared_ptr<runtime::Work> all_reduce(GradBucket& bucket, runtime::Communicator& comm) override {
+    const bool compress = step_ >= options_.start_powerSGD_iter;
+    if (bucket.is_last) ++step_;  // buckets are reduced in index order: one step per last bucket
+    if (!compress) return mean_.all_reduce(bucket, comm);
+    torch::NoGradGuard no_grad;
+    auto buffer = bucket.buffer;
+    const auto index = bucket.index;
+    const int world = comm.size();
+
+    torch::Tensor before;  // the bucket with the last error added: what this rank wanted to send
+    if (options_.use_error_feedback) {
+      auto& error = error_[index];
+      if (error.defined() && error.sizes() == buffer.sizes())
+        buffer.add_(error);
+      else
+        error = torch::zeros_like(buffer);
+      before = buffer.clone();
+    }
+
+    // Which gradients are compressed; everything else of the buffer is "rest".
+    std::vector<Matrix> ms;
+    int64_t p_len = 0, q_len = 0;
+    const auto base = static_cast<const char*>(buffer.data_ptr());
+    const auto item = static_cast<int64_t>(buffer.element_size());
+    for (const auto& g : bucket.gradients) {
+      if (g.dim() < 2 || g.numel() == 0) continue;
+      const int64_t rows = g.size(0), cols = g.numel() / rows;
+      const int64_t r = std::min<int64_t>({options_.matrix_approximation_rank, rows, cols});
+      if ((rows + cols) * r * 2 >= rows * cols) continue;  // less than 2x smaller: not worth it
+      const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / item;
+      ms.push_back(Matrix{offset, rows, cols, r, p_len, q_len});
+      p_len += rows * r;
+      q_len += cols * r;
+    }
+    std::sort(ms.begin(), ms.end(), [](const Matrix& a, const Matrix& b) { return a.offset < b.offset; });
+    std::vector<std::pair<int64_t, int64_t>> rest;  // [offset, length) not compressed
+    int64_t at = 0;
+    for (const auto& m : ms) {
+      if (m.offset > at) rest.emplace_back(at, m.offset - at);
+      at = m.offset + m.rows * m.cols;
+    }
+    if (at < buffer.numel()) rest.emplace_back(at, buffer.numel() - at);
+    int64_t rest_len = 0;
+    for (const auto& [o, n] : rest) rest_len += n;
+
+    // Q: warm from the last step, or seeded random (the same on every rank).
+    auto& q = q_[index];
+    if (!options_.warm_start || !q.defined() || q.numel() != q_len) {
+      auto gen = at::detail::createCPUGenerator(0x5eed + 7919 * static_cast<uint64_t>(index) +
+                                                (options_.warm_start ? 0 : static_cast<uint64_t>(step_)));
+      q = torch::randn({q_len}, gen, torch::TensorOptions().dtype(torch::kFloat)).to(buffer.options());
+      for (const auto& m : ms) detail::orthogonalize(q_of(q, m));
+    }
+
+    // First collective: the uncompressed values and every P, in one buffer.
+    auto first = torch::empty({rest_len + p_len}, buffer.options());
+    int64_t w = 0;
+    for (const auto& [o, n] : rest) {
+      first.narrow(0, w, n).copy_(buffer.narrow(0, o, n));
+      w += n;
+    }
+    for (const auto& m : ms) {
+      auto p = p_of(first, rest_len, m);
+      torch::mm_out(p, matrix(buffer, m), q_of(q, m));
+    }
+    auto work = comm.all_reduce(first, runtime::ReduceOp::Sum);
+
+    // Then: P orthogonalized, Q = M^T P summed, M = P Q^T / N.
+    auto finish = [this, buffer, first, rest, rest_len, ms, q, before, index, world,
+                   comm_ptr = &comm]() mutable {
+      torch::NoGradGuard no_grad;
+      int64_t w = 0;
+      for (const auto& [o, n] : rest) {
+        buffer.narrow(0, o, n).copy_(first.narrow(0, w, n)).div_(world);
+        w += n;
+      }
+      if (ms.empty()) return finish_error(index, buffer, before);
+      for (const auto& m : ms) {
+        auto p = p_of(first, rest_len, m);
+        detail::orthogonalize(p);
+        auto qm = q_of(q, m);
+        torch::mm_out(qm, matrix(buffer, m).t(), p);
+      }
+      comm_ptr->all_reduce(q, runtime::ReduceOp::Sum)->wait();
+      q.div_(world);
+      for (const auto& m : ms) {
+        auto out = matrix(buffer, m);
+        torch::mm_out(out, p_of(first, rest_len, m), q_of(q, m).t());
+      }
+      finish_error(index, buffer, before);
+    };
+    return std::make_shared<runtime::ThenWork>(std::move(work), std::move(finish));
+  }
+
+  bool has_state() const override { return true; }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    archive.write("step", torch::tensor(step_, torch::kLong));
+    for (const auto& [b, e] : error_) archive.write("error_" + std::to_string(b), e);
+    if (options_.warm_start)
+      for (const auto& [b, q] : q_) archive.write("q_" + std::to_string(b), q);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::Tensor t;
+    archive.read("step", t);
+    step_ = t.item<int64_t>();
+    error_.clear();
+    q_.clear();
+    for (std::size_t b = 0;; ++b) {
+      torch::Tensor e, q;
+      const bool has_e = archive.try_read("error_" + std::to_string(b), e);
+      const bool has_q = archive.try_read("q_" + std::to_string(b), q);
+      if (!has_e && !has_q) break;
+      if (has_e) error_[b] = e;
+      if (has_q) q_[b] = q;
+    }
+  }
+
+  /// Optimizer steps seen (plain ones included); for tests.
+  int64_t steps() const { return step_; }
+
+ private:
+  struct Matrix {
+    int64_t offset, rows, cols, rank, p_at, q_at;
+  };
+  static torch::Tensor matrix(const torch::Tensor& buffer, const Matrix& m) {
+    return buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+  }
+  static torch::Tensor p_of(const torch::Tensor& first, int64_t rest_len, const Matrix& m) {
+    return first.narrow(0, rest_len + m.p_at, m.rows * m.rank).view({m.rows, m.rank});
+  }
+  static torch::Tensor q_of(const torch::Tensor& q, const Matrix& m) {
+    return q.narrow(0, m.q_at, m.cols * m.rank).view({m.cols, m.rank});
+  }
+  void finish_error(std::size_t index, const torch::Tensor& buffer, const torch::Tensor& before) {
+    if (options_.use_error_feedback) error_[index] = before - buffer;
+    if (!options_.warm_start) q_.erase(index);
+  }
+
+  PowerSGDOptions options_;
+  int64_t step_ = 0;
+  std::map<std::size_t, torch::Tensor> error_;  ///< per bucket
+  std::map<std::size_t, torch::Tensor> q_;      ///< per bucket, all matrices' Qs back to back
+  MeanHook mean_;
+};
+
+}  // namespace accel::comm
+
+#endif  // ACCEL_COMM_POWERSGD_HOOK_HPP
+// end <accel/comm/powersgd_hook.hpp>
+
+namespace accel::comm {
+
+/// A new hook object (one per prepared model: PowerSGD keeps state per bucket).
+inline std::shared_ptr<Hook> make_hook(CommHook kind, const PowerSGDOptions& powersgd = {}) {
+  switch (kind) {
+    case CommHook::Fp16: return std::make_shared<CastHook>(torch::kHalf);
+    case CommHook::Bf16: return std::make_shared<CastHook>(torch::kBFloat16);
+    case CommHook::PowerSGD: return std::make_shared<PowerSGDHook>(powersgd);
+    case CommHook::None: break;
+  }
+  return std::make_shared<MeanHook>();
+}
+
+}  // namespace accel::comm
+
+#endif  // ACCEL_COMM_MAKE_HOOK_HPP
+// end <accel/comm/make_hook.hpp>
+
+#endif  // ACCEL_COMM_HPP
+// end <accel/comm.hpp>
 // begin <accel/shard.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Umbrella of the shard policies.
@@ -8586,6 +9153,7 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 
 #include <torch/torch.h>
 
+
 namespace accel::shard::detail {
 
 class GradientSync {
@@ -8609,6 +9177,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+  /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
+  /// Accelerator::register_comm_hook); null where nothing is communicated.
+  virtual comm::Hook* comm_hook() const { return nullptr; }
+  virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
 
  private:
   std::shared_ptr<const bool> sync_now_;
@@ -9882,6 +10454,21 @@ inline std::string random_states_file(int rank) {
 }
 inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
 
+/// The state of the prepared models' communication hooks that keep some
+/// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
+/// in prepare order; one file per hook and process.
+inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
+  std::vector<Archived> out;
+  for (const auto& sync : reg.state->syncs)
+    if (auto* hook = sync->comm_hook(); hook && hook->has_state())
+      out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
+                             [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
+  return out;
+}
+inline std::string comm_hook_file(std::size_t i, int rank) {
+  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
+}
+
 /// The files the main process writes and every process reads.
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
@@ -9902,6 +10489,7 @@ inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
   files.push_back(random_states_file(rank));
   files.push_back(loaders_file(rank));
+  for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
   return files;
 }
 
@@ -9931,6 +10519,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   };
   if (main || reg.optimizer_per_rank)
     archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+  archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
     archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
     archive_all(reg.custom, [](std::size_t i) {
@@ -10026,7 +10615,7 @@ inline void check_count(const nlohmann::json& meta, const char* key, std::size_t
 struct ReadState {
   nlohmann::json meta;
   std::vector<NamedTensors> models;
-  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom;
+  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
   GeneratorStates generators;
   std::vector<data::LoaderCheckpoint> loaders;
   std::optional<std::pair<double, int64_t>> scaler;
@@ -10053,6 +10642,13 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
   check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
   check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  // Checkpoints from before communication hooks: none.
+  const auto hooks = comm_hook_states(reg).size();
+  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
+  ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
+              "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
+              "this Accelerator's prepared models have ", hooks, ". Resume with the same "
+              "AcceleratorOptions::comm_hook as the run that saved it.");
   ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
@@ -10131,6 +10727,11 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   for (std::size_t i = 0; i < reg.custom.size(); ++i) {
     const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
     load_archive(s.custom[i], dir / name, expected(name));
+  }
+  s.comm_hooks.resize(hooks);
+  for (std::size_t i = 0; i < hooks; ++i) {
+    const std::string name = comm_hook_file(i, rank);
+    load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
   }
   {
     const fs::path f = dir / random_states_file(rank);
@@ -10234,6 +10835,8 @@ class ArchiveTransaction {
 ///   scaler.json               main   loss scale and growth tracker (Fp16 only)
 ///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
 ///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
+///   comm_hook_rank<r>.pt      each   CommHook::PowerSGD's step, errors and Qs
+///                                    (comm_hook_1_rank<r>.pt, ...: one per model)
 ///
 /// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
 /// the processes agree that all files are in, then the main process renames
@@ -10343,6 +10946,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
+          {"comm_hook_states", comm_hook_states(reg).size()},
           {"loss_scaler", reg.scaler != nullptr},
           {"xxh64", checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
@@ -10372,6 +10976,7 @@ namespace detail {
 /// fail are rolled back on every process, which then all throw.
 inline void apply_state(StateRegistry& reg, ReadState& s) {
   std::exception_ptr err;
+  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
   ArchiveTransaction tx;
   try {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
@@ -10380,6 +10985,8 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
       tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
     for (std::size_t i = 0; i < reg.custom.size(); ++i)
       tx.apply(reg.custom[i], s.custom[i], "registered object", i);
+    for (std::size_t i = 0; i < hooks.size(); ++i)
+      tx.apply(hooks[i], s.comm_hooks[i], "communication hook", i);
   } catch (...) {
     err = std::current_exception();
   }
@@ -11305,6 +11912,14 @@ inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t
   return plan;
 }
 
+/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
+/// with each of its parameters' shapes: what a communication hook sees.
+inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
+  std::vector<torch::Tensor> views;
+  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
+  return views;
+}
+
 }  // namespace accel::shard::detail
 
 #endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
@@ -11509,6 +12124,12 @@ class BucketRound {
   }
 
   bool started() const { return started_; }
+  /// The reducer's hook may change only before the first backward.
+  void check_hook_change() const {
+    ACCEL_CHECK(rounds_ == 0 && !started_, "accel: register_comm_hook() after a backward of the "
+                "prepared model: every rank must reduce every step's buckets the same way. "
+                "Register the hook before training starts.");
+  }
   /// Rounds closed so far.
   int64_t rounds() const { return rounds_; }
   /// Buckets whose reduction started from a backward hook (the overlap that
@@ -11586,17 +12207,27 @@ class BucketReducer final : public GradientSync, private BucketReduction {
  public:
   /// overlap: start a bucket's all-reduce from backward once it is full;
   /// otherwise all of them in finalize(), after backward. sync_now: see GradientSync.
+  /// hook: how each bucket is averaged (null: comm::MeanHook).
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr)
+                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr,
+                std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
-        plan_(plan_buckets(params_, bucket_bytes)), overlap_(overlap),
+        plan_(plan_buckets(params_, bucket_bytes)),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), overlap_(overlap),
         round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
-    for (std::size_t b = 0; b < plan_.size(); ++b)
+    for (std::size_t b = 0; b < plan_.size(); ++b) {
       buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
+      views_.push_back(member_views(plan_, b, buffers_.back()));
+    }
     round_.set_plan(plan_);
   }
 
   void before_forward() override { round_.refresh_hooks(); }
+  comm::Hook* comm_hook() const override { return hook_.get(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
+    round_.check_hook_change();
+    hook_ = std::move(hook);
+  }
   void finalize() override { round_.close(); }
 
   std::size_t num_buckets() const { return plan_.size(); }
@@ -11608,8 +12239,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
  private:
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
     if (comm_->size() == 1) return nullptr;
-    buffers_[b].mul_(1.0 / comm_->size());
-    return comm_->all_reduce(buffers_[b], runtime::ReduceOp::Sum);
+    comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
+    return hook_->all_reduce(bucket, *comm_);
   }
 
   // Points .grad at the parameter's slice of its bucket (autograd then adds
@@ -11632,6 +12263,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   std::shared_ptr<runtime::Communicator> comm_;
   BucketPlan plan_;
   std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
+  std::vector<std::vector<torch::Tensor>> views_;  ///< per bucket: its parameters' gradients in it
+  std::shared_ptr<comm::Hook> hook_;
   bool overlap_;
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
@@ -11696,10 +12329,14 @@ namespace accel::shard::detail {
 /// gradients accumulate locally, as without sharding.)
 class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
  public:
+  /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
+  /// its reduce_scatter.
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr)
+              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
+              std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
@@ -11708,6 +12345,11 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
 
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
+  comm::Hook* comm_hook() const override { return hook_.get(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
+    round_.check_hook_change();
+    hook_ = std::move(hook);
+  }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -11908,10 +12550,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t index) override {
     torch::NoGradGuard no_grad;
     auto& b = buckets_[index];
-    const double inv_world = 1.0 / world_;
+    const bool last = index + 1 == buckets_.size();
     if (!shard_gradients_) {
-      b.grad.mul_(inv_world);
-      return comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
+      comm::GradBucket bucket{index, b.grad, member_views(plan_, index, b.grad), last};
+      return hook_->all_reduce(bucket, *comm_);
     }
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
     for (auto k : plan_.buckets[index]) {
@@ -11920,9 +12562,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
-    b.staging.mul_(inv_world);
     b.received = torch::empty({b.chunk}, b.flat.options());
-    return comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+    comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
+    return hook_->reduce_scatter(b.received, bucket, *comm_);
   }
 
   void on_reduced(std::size_t index) override {
@@ -11939,6 +12581,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   int64_t bucket_bytes_;
   bool shard_gradients_;
   int world_, rank_;
+  std::shared_ptr<comm::Hook> hook_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
@@ -12899,13 +13542,7 @@ class Accelerator {
   torch::Tensor gather_for_metrics(const torch::Tensor& t) {
     std::vector<int64_t> rows;
     auto all = ops::gather_ragged(*state_->comm, t, &rows);
-    const auto* loader = data::active_loader_state();
-    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
-        loader->remainder < all.size(0))
-      return all.narrow(0, 0, loader->remainder);
-    if (split_padding_ && split_padding_->matches(rows))
-      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
-    return all;
+    return drop_metric_duplicates(std::move(all), rows);
   }
 
   torch::Tensor reduce(const torch::Tensor& t, Reduction r = Reduction::Sum) {
@@ -12961,15 +13598,7 @@ class Accelerator {
       rows.push_back(static_cast<int64_t>(p.size()));
       all.insert(all.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
     }
-    const auto* loader = data::active_loader_state();
-    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 &&
-        loader->remainder < static_cast<int64_t>(all.size())) {
-      all.resize(static_cast<std::size_t>(loader->remainder));
-      return all;
-    }
-    if (split_padding_ && split_padding_->matches(rows))
-      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
-    return all;
+    return drop_metric_duplicates(std::move(all), rows);
   }
   /// Any rank sets the trigger; the next check_trigger() (one all-reduce,
   /// every rank must call it) is true on every rank, and clears it.
@@ -13139,7 +13768,24 @@ class Accelerator {
   /// The loss scaler of precision::Fp16 (nullptr otherwise).
   precision::LossScaler* loss_scaler() const { return scaler_.get(); }
 
+  /// Averages every gradient bucket of the models prepared so far, and of
+  /// those prepared later, with `hook` instead of AcceleratorOptions::comm_hook
+  /// (as DDP's register_comm_hook). Call it before training: after a backward
+  /// of a prepared model it is an error. With one process nothing is
+  /// communicated and the hook is never called. docs/comm_hooks.md.
+  void register_comm_hook(comm::HookFunction hook) {
+    [[maybe_unused]] comm::FunctionHook checked(hook);  // an empty function fails here
+    for (auto& sync : state_->syncs) sync->set_comm_hook(std::make_shared<comm::FunctionHook>(hook));
+    user_hook_ = std::move(hook);
+  }
+
  private:
+  // A new hook per prepared model: PowerSGD keeps state per bucket.
+  std::shared_ptr<comm::Hook> make_comm_hook() const {
+    if (user_hook_) return std::make_shared<comm::FunctionHook>(user_hook_);
+    return comm::make_hook(options_.comm_hook, options_.powersgd);
+  }
+
   template <class A>
   auto prepare_one(A&& a) {
     using T = std::remove_cvref_t<A>;
@@ -13180,12 +13826,14 @@ class Accelerator {
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now);
+            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
+            make_comm_hook());
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
         sync = std::make_shared<shard::detail::BucketReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now);
+            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now,
+            make_comm_hook());
       }
     } else {
       sync = std::make_shared<shard::detail::NoSync>();
@@ -13261,6 +13909,26 @@ class Accelerator {
       return here ? std::optional<R>(fn()) : std::nullopt;
     }
   }
+  // gather_for_metrics' one rule, for tensors (dim 0) and vectors: drop what
+  // even_batches repeated on the loader's last batch, or the padding of the
+  // latest padded split; rows: the count each rank contributed.
+  template <class Items>
+  Items drop_metric_duplicates(Items all, const std::vector<int64_t>& rows) const {
+    int64_t count = 0;
+    for (auto r : rows) count += r;
+    const auto* loader = data::active_loader_state();
+    if (loader != nullptr && loader->end_of_dataloader && loader->remainder > 0 && loader->remainder < count) {
+      if constexpr (std::is_same_v<Items, torch::Tensor>) {
+        return all.narrow(0, 0, loader->remainder);
+      } else {
+        all.resize(static_cast<std::size_t>(loader->remainder));
+        return all;
+      }
+    }
+    if (split_padding_ && split_padding_->matches(rows))
+      return ops::drop_split_padding(all, split_padding_->total, split_padding_->world);
+    return all;
+  }
   void remember_split(int64_t total, bool padded) {
     split_padding_.reset();
     if (padded) split_padding_ = ops::SplitPadding{total, num_processes()};
@@ -13272,6 +13940,7 @@ class Accelerator {
   std::shared_ptr<precision::LossScaler> scaler_;
   bool debug_ = false;
   ckpt::StateRegistry registry_;  ///< what save_state() covers
+  comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
   void sync_registry() {

@@ -18,6 +18,8 @@
 ///   scaler.json               main   loss scale and growth tracker (Fp16 only)
 ///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
 ///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
+///   comm_hook_rank<r>.pt      each   CommHook::PowerSGD's step, errors and Qs
+///                                    (comm_hook_1_rank<r>.pt, ...: one per model)
 ///
 /// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
 /// the processes agree that all files are in, then the main process renames
@@ -133,6 +135,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
+          {"comm_hook_states", comm_hook_states(reg).size()},
           {"loss_scaler", reg.scaler != nullptr},
           {"xxh64", checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
@@ -162,6 +165,7 @@ namespace detail {
 /// fail are rolled back on every process, which then all throw.
 inline void apply_state(StateRegistry& reg, ReadState& s) {
   std::exception_ptr err;
+  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
   ArchiveTransaction tx;
   try {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
@@ -170,6 +174,8 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
       tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
     for (std::size_t i = 0; i < reg.custom.size(); ++i)
       tx.apply(reg.custom[i], s.custom[i], "registered object", i);
+    for (std::size_t i = 0; i < hooks.size(); ++i)
+      tx.apply(hooks[i], s.comm_hooks[i], "communication hook", i);
   } catch (...) {
     err = std::current_exception();
   }

@@ -5,9 +5,11 @@
 #define ACCEL_RUNTIME_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -33,6 +35,29 @@ class CompletedWork final : public Work {
   bool is_completed() override { return true; }
 };
 
+/// A Work followed by what must happen after it (decompress, launch the next
+/// collective of a chain): wait() waits for `first`, then runs `then` once.
+/// The chain is driven by wait(): every rank waits for its works in the same
+/// order, so collectives started by `then` are issued in the same order too.
+class ThenWork final : public Work {
+ public:
+  ThenWork(std::shared_ptr<Work> first, std::function<void()> then)
+      : first_(std::move(first)), then_(std::move(then)) {}
+  void wait() override {
+    if (first_) first_->wait();
+    if (then_) {
+      auto f = std::move(then_);
+      then_ = nullptr;
+      f();
+    }
+  }
+  bool is_completed() override { return !then_ && (!first_ || first_->is_completed()); }
+
+ private:
+  std::shared_ptr<Work> first_;
+  std::function<void()> then_;
+};
+
 /// Collectives across the processes of one job. Tensors are contiguous and on
 /// the communicator's device; results are written in place (all_reduce,
 /// broadcast) or into the given output (all_gather, reduce_scatter).
@@ -47,6 +72,12 @@ class Communicator {
   /// CPU for Gloo, MPI and Local, the process's CUDA device for NCCL. Helper
   /// tensors (sizes, flags) that feed a collective are made here.
   virtual torch::Device device() const = 0;
+  /// Whether all_reduce and reduce_scatter sum tensors of `dtype` as they
+  /// are: false where the backend widens them first (MPI's float16 and
+  /// bfloat16 go as float32; Gloo has no bfloat16 sum), so compressing to
+  /// that dtype would save nothing on the wire (communication hooks then
+  /// all-gather the 16-bit values and sum locally).
+  virtual bool sums_natively(torch::ScalarType /*dtype*/) const { return true; }
 
   /// In place: every rank ends with the reduction of everyone's `tensor`.
   virtual std::shared_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;

@@ -73,6 +73,9 @@ class GlooCommunicator final : public C10dCommunicator {
     make_group([&] { return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts); });
   }
 
+  /// Gloo sums float16 (gloo::float16) but has no bfloat16 sum in 1.13.
+  bool sums_natively(torch::ScalarType dtype) const override { return dtype != torch::kBFloat16; }
+
 #if !ACCEL_TORCH_AT_LEAST(2, 6)
   /// LibTorch before 2.6: Gloo has no flat all_gather (_allgather_base).
   /// Gloo gathers into per-rank views of `output` through its own flat

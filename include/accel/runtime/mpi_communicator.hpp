@@ -91,6 +91,9 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::string_view name = "Mpi";
   std::string_view backend_name() const override { return name; }
   torch::Device device() const override { return torch::kCPU; }
+  bool sums_natively(torch::ScalarType dtype) const override {
+    return dtype != torch::kHalf && dtype != torch::kBFloat16;  // widened to float32
+  }
   MPI_Comm comm() const { return comm_; }
   MpiProgress progress() const { return thread_ ? MpiProgress::Thread : MpiProgress::Test; }
 

@@ -113,6 +113,21 @@ inline std::string random_states_file(int rank) {
 }
 inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
 
+/// The state of the prepared models' communication hooks that keep some
+/// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
+/// in prepare order; one file per hook and process.
+inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
+  std::vector<Archived> out;
+  for (const auto& sync : reg.state->syncs)
+    if (auto* hook = sync->comm_hook(); hook && hook->has_state())
+      out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
+                             [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
+  return out;
+}
+inline std::string comm_hook_file(std::size_t i, int rank) {
+  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
+}
+
 /// The files the main process writes and every process reads.
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
@@ -133,6 +148,7 @@ inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
   files.push_back(random_states_file(rank));
   files.push_back(loaders_file(rank));
+  for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
   return files;
 }
 
@@ -162,6 +178,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   };
   if (main || reg.optimizer_per_rank)
     archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+  archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
     archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
     archive_all(reg.custom, [](std::size_t i) {

@@ -35,7 +35,7 @@ inline void check_count(const nlohmann::json& meta, const char* key, std::size_t
 struct ReadState {
   nlohmann::json meta;
   std::vector<NamedTensors> models;
-  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom;
+  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
   GeneratorStates generators;
   std::vector<data::LoaderCheckpoint> loaders;
   std::optional<std::pair<double, int64_t>> scaler;
@@ -62,6 +62,13 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
   check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
   check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  // Checkpoints from before communication hooks: none.
+  const auto hooks = comm_hook_states(reg).size();
+  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
+  ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
+              "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
+              "this Accelerator's prepared models have ", hooks, ". Resume with the same "
+              "AcceleratorOptions::comm_hook as the run that saved it.");
   ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
@@ -140,6 +147,11 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   for (std::size_t i = 0; i < reg.custom.size(); ++i) {
     const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
     load_archive(s.custom[i], dir / name, expected(name));
+  }
+  s.comm_hooks.resize(hooks);
+  for (std::size_t i = 0; i < hooks; ++i) {
+    const std::string name = comm_hook_file(i, rank);
+    load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
   }
   {
     const fs::path f = dir / random_states_file(rank);

@@ -68,6 +68,14 @@ inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t
   return plan;
 }
 
+/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
+/// with each of its parameters' shapes: what a communication hook sees.
+inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
+  std::vector<torch::Tensor> views;
+  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
+  return views;
+}
+
 }  // namespace accel::shard::detail
 
 #endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <accel/comm/grad_bucket.hpp>
+#include <accel/comm/hook.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
 #include <accel/shard/detail/bucket_round.hpp>
@@ -27,17 +29,27 @@ class BucketReducer final : public GradientSync, private BucketReduction {
  public:
   /// overlap: start a bucket's all-reduce from backward once it is full;
   /// otherwise all of them in finalize(), after backward. sync_now: see GradientSync.
+  /// hook: how each bucket is averaged (null: comm::MeanHook).
   BucketReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr)
+                int64_t bucket_bytes, bool overlap = true, std::shared_ptr<const bool> sync_now = nullptr,
+                std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
-        plan_(plan_buckets(params_, bucket_bytes)), overlap_(overlap),
+        plan_(plan_buckets(params_, bucket_bytes)),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), overlap_(overlap),
         round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
-    for (std::size_t b = 0; b < plan_.size(); ++b)
+    for (std::size_t b = 0; b < plan_.size(); ++b) {
       buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
+      views_.push_back(member_views(plan_, b, buffers_.back()));
+    }
     round_.set_plan(plan_);
   }
 
   void before_forward() override { round_.refresh_hooks(); }
+  comm::Hook* comm_hook() const override { return hook_.get(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
+    round_.check_hook_change();
+    hook_ = std::move(hook);
+  }
   void finalize() override { round_.close(); }
 
   std::size_t num_buckets() const { return plan_.size(); }
@@ -49,8 +61,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
  private:
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
     if (comm_->size() == 1) return nullptr;
-    buffers_[b].mul_(1.0 / comm_->size());
-    return comm_->all_reduce(buffers_[b], runtime::ReduceOp::Sum);
+    comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
+    return hook_->all_reduce(bucket, *comm_);
   }
 
   // Points .grad at the parameter's slice of its bucket (autograd then adds
@@ -73,6 +85,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   std::shared_ptr<runtime::Communicator> comm_;
   BucketPlan plan_;
   std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
+  std::vector<std::vector<torch::Tensor>> views_;  ///< per bucket: its parameters' gradients in it
+  std::shared_ptr<comm::Hook> hook_;
   bool overlap_;
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };

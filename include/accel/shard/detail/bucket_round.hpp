@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/accumulator_hooks.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
@@ -114,6 +115,12 @@ class BucketRound {
   }
 
   bool started() const { return started_; }
+  /// The reducer's hook may change only before the first backward.
+  void check_hook_change() const {
+    ACCEL_CHECK(rounds_ == 0 && !started_, "accel: register_comm_hook() after a backward of the "
+                "prepared model: every rank must reduce every step's buckets the same way. "
+                "Register the hook before training starts.");
+  }
   /// Rounds closed so far.
   int64_t rounds() const { return rounds_; }
   /// Buckets whose reduction started from a backward hook (the overlap that

@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <accel/comm/hook.hpp>
+
 namespace accel::shard::detail {
 
 class GradientSync {
@@ -33,6 +35,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+  /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
+  /// Accelerator::register_comm_hook); null where nothing is communicated.
+  virtual comm::Hook* comm_hook() const { return nullptr; }
+  virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
 
  private:
   std::shared_ptr<const bool> sync_now_;

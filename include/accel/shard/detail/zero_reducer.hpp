@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include <accel/comm/grad_bucket.hpp>
+#include <accel/comm/hook.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
@@ -43,10 +45,14 @@ namespace accel::shard::detail {
 /// gradients accumulate locally, as without sharding.)
 class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
  public:
+  /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
+  /// its reduce_scatter.
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
-              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr)
+              int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
+              std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
@@ -55,6 +61,11 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
 
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
+  comm::Hook* comm_hook() const override { return hook_.get(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
+    round_.check_hook_change();
+    hook_ = std::move(hook);
+  }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -255,10 +266,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t index) override {
     torch::NoGradGuard no_grad;
     auto& b = buckets_[index];
-    const double inv_world = 1.0 / world_;
+    const bool last = index + 1 == buckets_.size();
     if (!shard_gradients_) {
-      b.grad.mul_(inv_world);
-      return comm_->all_reduce(b.grad, runtime::ReduceOp::Sum);
+      comm::GradBucket bucket{index, b.grad, member_views(plan_, index, b.grad), last};
+      return hook_->all_reduce(bucket, *comm_);
     }
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
     for (auto k : plan_.buckets[index]) {
@@ -267,9 +278,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
-    b.staging.mul_(inv_world);
     b.received = torch::empty({b.chunk}, b.flat.options());
-    return comm_->reduce_scatter(b.received, b.staging, runtime::ReduceOp::Sum);
+    comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
+    return hook_->reduce_scatter(b.received, bucket, *comm_);
   }
 
   void on_reduced(std::size_t index) override {
@@ -286,6 +297,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   int64_t bucket_bytes_;
   bool shard_gradients_;
   int world_, rank_;
+  std::shared_ptr<comm::Hook> hook_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
