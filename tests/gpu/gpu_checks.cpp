@@ -110,9 +110,13 @@ std::string out_dir() {
 }
 
 /// One data-parallel step of a small model on NCCL; every rank checks that
-/// its replica equals the one-process step on the global batch.
-int nccl_child() {
-  accel::Accelerator<accel::backend::Nccl> acc;
+/// its replica equals the one-process step on the global batch (within
+/// `tolerance`: 1e-5 uncompressed; the 16-bit hooks round each averaged
+/// gradient to 11 or 8 significant bits, NCCL summing float16 / bfloat16).
+int nccl_child(accel::CommHook hook = accel::CommHook::None, double tolerance = 1e-5) {
+  accel::AcceleratorOptions options;
+  options.comm_hook = hook;
+  accel::Accelerator<accel::backend::Nccl> acc(options);
   const int rank = acc.process_index(), size = acc.num_processes();
   torch::manual_seed(5);
   torch::nn::Linear ref(8, 2), net(8, 2);
@@ -130,7 +134,7 @@ int nccl_child() {
   o.step();
   auto diff = (m->weight.cpu() - ref->weight).abs().max().item<double>();
   std::cout << "rank " << rank << " of " << size << ": max |w - reference| = " << diff << std::endl;
-  return diff < 1e-5 ? 0 : 11;
+  return diff < tolerance ? 0 : 11;
 }
 
 }  // namespace
@@ -148,6 +152,9 @@ TEST_CASE("backend::Nccl with 2 processes on the one GPU", "[gpu][nccl][.shared]
   // NCCL may refuse two ranks on one device ("Duplicate GPU detected"); the
   // logs say which, and run.sh reports this case separately.
   CHECK(run_children("nccl", 2, out_dir() + "/nccl_world2") == std::vector<int>{0, 0});
+  // Communication hooks on NCCL, which sums 16-bit floats natively.
+  CHECK(run_children("nccl_fp16", 2, out_dir() + "/nccl_fp16") == std::vector<int>{0, 0});
+  CHECK(run_children("nccl_bf16", 2, out_dir() + "/nccl_bf16") == std::vector<int>{0, 0});
 }
 
 TEST_CASE("SingleDevice prepares model, optimizer state and batches on CUDA", "[gpu]") {
@@ -245,6 +252,8 @@ int main(int argc, char** argv) {
   if (const char* child = std::getenv("ACCEL_GPU_CHILD")) {
     try {
       if (std::string(child) == "nccl") return nccl_child();
+      if (std::string(child) == "nccl_fp16") return nccl_child(accel::CommHook::Fp16, 1e-4);
+      if (std::string(child) == "nccl_bf16") return nccl_child(accel::CommHook::Bf16, 1e-3);
       std::cerr << "unknown ACCEL_GPU_CHILD " << child << "\n";
       return 2;
     } catch (const std::exception& e) {
