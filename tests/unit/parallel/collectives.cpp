@@ -13,16 +13,9 @@
 #include "catch.hpp"
 
 #include "paths.hpp"
+#include "workers.hpp"
 
 namespace {
-
-accel::LaunchOptions procs(int n) {
-  accel::LaunchOptions lo;
-  lo.num_processes = n;
-  lo.master_port = 0;
-  lo.timeout = std::chrono::seconds(240);
-  return lo;
-}
 
 // A dataset whose items are their own index: gathered values name the items.
 struct Indices : torch::data::datasets::Dataset<Indices> {
@@ -35,10 +28,7 @@ struct Indices : torch::data::datasets::Dataset<Indices> {
   torch::optional<size_t> size() const override { return static_cast<size_t>(n); }
 };
 
-// Throwing in a worker fails the launch with this message, naming the rank.
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using accel_test::expect;
 
 void collectives_body() {
   accel::Accelerator<accel::backend::Gloo> acc;
@@ -295,35 +285,35 @@ void accumulate_counts_body() {
 TEST_CASE("Module::load after prepare() keeps gradients synchronised", "[parallel][gloo][load]") {
   const std::string file = accel_test::scratch("parallel", "load_after_prepare").string() + ".pt";
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::Replicate>,
-                                           std::make_tuple(file), procs(2)));
+                                           std::make_tuple(file), accel_test::local_processes(2)));
   REQUIRE_NOTHROW(accel::notebook_launcher(load_after_prepare_body<accel::shard::ShardOptimizer>,
-                                           std::make_tuple(file), procs(2)));
+                                           std::make_tuple(file), accel_test::local_processes(2)));
 }
 
 TEST_CASE("collectives on 2 and 3 Gloo processes", "[parallel][gloo][collectives]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(collectives_body, std::make_tuple(), accel_test::local_processes(3)));
 }
 
 TEST_CASE("gather_for_metrics drops the wrap-around duplicates", "[parallel][gloo][metrics]") {
   // 10 items, batch 3, 2 ranks: the last round is [6,7,8] [9,0,1] -> keep 6..9.
-  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, false), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, false), accel_test::local_processes(2)));
   // 3 ranks, 11 items, batch 2: the tail wraps around across ranks.
-  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{11}, int64_t{2}, false), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{11}, int64_t{2}, false), accel_test::local_processes(3)));
   // drop_last: the incomplete round is dropped, nothing to trim.
-  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, true), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{10}, int64_t{3}, true), accel_test::local_processes(2)));
   // Divisible: nothing duplicated, nothing dropped.
-  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{12}, int64_t{3}, false), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(metrics_body, std::make_tuple(int64_t{12}, int64_t{3}, false), accel_test::local_processes(2)));
 }
 
 TEST_CASE("a second backward while the first one's all-reduce runs adds after it", "[parallel][gloo][overlap]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::Replicate>, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::ShardOptimizer>, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::Replicate>, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(two_backwards_body<accel::shard::ShardOptimizer>, std::make_tuple(), accel_test::local_processes(2)));
 }
 
 TEST_CASE("main_process_first: a block that throws on the main process reports its error", "[parallel][gloo][main_first]") {
   try {
-    accel::notebook_launcher(main_first_throws_body, std::make_tuple(), procs(2));
+    accel::notebook_launcher(main_first_throws_body, std::make_tuple(), accel_test::local_processes(2));
     FAIL("the launch succeeded");
   } catch (const accel::LaunchError& e) {
     CHECK(e.rank() == 1);
@@ -332,12 +322,12 @@ TEST_CASE("main_process_first: a block that throws on the main process reports i
 }
 
 TEST_CASE("accumulate(): the non-sync micro-steps send nothing", "[parallel][gloo][accumulate]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::Replicate>, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::ShardOptimizer>, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::Replicate>, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(accumulate_counts_body<accel::shard::ShardOptimizer>, std::make_tuple(), accel_test::local_processes(2)));
 }
 
 TEST_CASE("parameters without gradient do not hang the step", "[parallel][gloo][unused]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(unused_parameter_body, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(unused_parameter_body, std::make_tuple(), accel_test::local_processes(2)));
 }
 
 namespace {

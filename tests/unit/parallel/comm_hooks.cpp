@@ -15,23 +15,14 @@
 #include "catch.hpp"
 
 #include "paths.hpp"
+#include "workers.hpp"
 #include "workload.hpp"
 
 namespace {
 
 std::filesystem::path scratch(const std::string& name) { return accel_test::scratch("parallel", name); }
 
-accel::LaunchOptions procs(int n) {
-  accel::LaunchOptions lo;
-  lo.num_processes = n;
-  lo.master_port = 0;
-  lo.timeout = std::chrono::seconds(300);
-  return lo;
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using accel_test::expect;
 
 std::vector<torch::Tensor> load(const std::string& file) {
   std::vector<torch::Tensor> v;
@@ -114,7 +105,7 @@ void train(std::string out, Run run) {
 }
 
 std::vector<torch::Tensor> launch(const std::string& out, int world, const Run& run) {
-  accel::notebook_launcher(train, std::make_tuple(out, run), procs(world));
+  accel::notebook_launcher(train, std::make_tuple(out, run), accel_test::local_processes(world, std::chrono::seconds(300)));
   auto first = load(out + "_0.pt");
   for (int r = 1; r < world; ++r)
     REQUIRE(workload::max_abs_diff(load(out + "_" + std::to_string(r) + ".pt"), first) == 0);
@@ -176,7 +167,7 @@ TEST_CASE("comm hooks: Fp16 equals PyTorch's DDP fp16_compress_hook", "[parallel
     expect(diff <= 1e-6, "rank " + std::to_string(acc.process_index()) +
                              ": max |accel - PyTorch fp16_compress_hook| = " + std::to_string(diff));
   };
-  REQUIRE_NOTHROW(accel::notebook_launcher(body, std::make_tuple(t), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(body, std::make_tuple(t), accel_test::local_processes(2, std::chrono::seconds(300))));
 }
 
 TEST_CASE("comm hooks: bytes handed to the collectives per step", "[parallel][gloo][comm_hooks]") {
@@ -214,7 +205,7 @@ TEST_CASE("comm hooks: bytes handed to the collectives per step", "[parallel][gl
     expect(bytes["powersgd"] * 20 <= bytes["none"], "PowerSGD rank 1 at least 20x fewer: " + report);
     if (acc.is_main_process()) std::printf("bytes per step on W: %s\n", report.c_str());
   };
-  REQUIRE_NOTHROW(accel::notebook_launcher(body, std::make_tuple(), procs(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(body, std::make_tuple(), accel_test::local_processes(2, std::chrono::seconds(300))));
 }
 
 TEST_CASE("comm hooks: ZeRO-2 with Fp16 and ZeRO-1 with PowerSGD equal Replicate with the same hook",
@@ -269,8 +260,8 @@ TEST_CASE("comm hooks: PowerSGD on a convex problem reaches the uncompressed los
     if (acc.is_main_process()) torch::save(torch::tensor({initial, full_loss()}, torch::kDouble), out);
   };
   const auto out = scratch("hooks_convex").string();
-  accel::notebook_launcher(body, std::make_tuple(out + "_plain.pt", false), procs(2));
-  accel::notebook_launcher(body, std::make_tuple(out + "_psgd.pt", true), procs(2));
+  accel::notebook_launcher(body, std::make_tuple(out + "_plain.pt", false), accel_test::local_processes(2, std::chrono::seconds(300)));
+  accel::notebook_launcher(body, std::make_tuple(out + "_psgd.pt", true), accel_test::local_processes(2, std::chrono::seconds(300)));
   torch::Tensor plain, psgd;
   torch::load(plain, out + "_plain.pt");
   torch::load(psgd, out + "_psgd.pt");
@@ -292,7 +283,7 @@ TEST_CASE("comm hooks: PowerSGD state is saved, and resume is bit-exact", "[para
   const auto straight = launch(out + "_straight", 2, run);
   run.dir = out + "_ckpt";
   run.save_after = 6;
-  accel::notebook_launcher(train, std::make_tuple(out + "_first", run), procs(2));
+  accel::notebook_launcher(train, std::make_tuple(out + "_first", run), accel_test::local_processes(2, std::chrono::seconds(300)));
   for (int r = 0; r < 2; ++r)  // two buckets: the hook's state of model 0 on each rank
     REQUIRE(std::filesystem::exists(run.dir + "/comm_hook_rank" + std::to_string(r) + ".pt"));
   run.save_after = -1;
@@ -303,7 +294,7 @@ TEST_CASE("comm hooks: PowerSGD state is saved, and resume is bit-exact", "[para
   // Another hook than the one that saved: a clear error.
   run.hook = accel::CommHook::None;
   try {
-    accel::notebook_launcher(train, std::make_tuple(out + "_wrong", run), procs(2));
+    accel::notebook_launcher(train, std::make_tuple(out + "_wrong", run), accel_test::local_processes(2, std::chrono::seconds(300)));
     FAIL("loading a PowerSGD checkpoint without the hook did not fail");
   } catch (const std::exception& e) {
     CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("communication hooks (CommHook::PowerSGD)"));
@@ -352,8 +343,8 @@ TEST_CASE("comm hooks: a user hook runs once per bucket on sync steps only",
     save_params(*model, out, r);
   };
   const auto out = scratch("hooks_user").string();
-  accel::notebook_launcher(body, std::make_tuple(out + "_user", true), procs(2));
-  accel::notebook_launcher(body, std::make_tuple(out + "_plain", false), procs(2));
+  accel::notebook_launcher(body, std::make_tuple(out + "_user", true), accel_test::local_processes(2, std::chrono::seconds(300)));
+  accel::notebook_launcher(body, std::make_tuple(out + "_plain", false), accel_test::local_processes(2, std::chrono::seconds(300)));
   // The hook computes the mean as accel does, in another order of operations.
   CHECK(workload::max_abs_diff(load(out + "_user_0.pt"), load(out + "_plain_0.pt")) <= 1e-6);
 }

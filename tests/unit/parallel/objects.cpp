@@ -15,6 +15,8 @@
 
 #include "catch.hpp"
 
+#include "workers.hpp"
+
 namespace demo {
 // A user type with nlohmann's to_json/from_json, found by ADL.
 struct Score {
@@ -31,17 +33,7 @@ inline void from_json(const nlohmann::json& j, Score& s) {
 
 namespace {
 
-accel::LaunchOptions procs(int n) {
-  accel::LaunchOptions lo;
-  lo.num_processes = n;
-  lo.master_port = 0;
-  lo.timeout = std::chrono::seconds(240);
-  return lo;
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
+using accel_test::expect;
 
 template <class T>
 T round_trip(const T& v) {
@@ -349,35 +341,35 @@ TEST_CASE("split_between_processes: contiguous, balanced, padding dropped again 
 }
 
 TEST_CASE("gather_object / broadcast_object on 2 and 3 Gloo processes", "[parallel][gloo][objects]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(objects_body, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(objects_body, std::make_tuple(), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(objects_body, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(objects_body, std::make_tuple(), accel_test::local_processes(3)));
 }
 
 TEST_CASE("split_between_processes and gather_for_metrics round trip on 2 and 3 processes", "[parallel][gloo][split]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(split_body, std::make_tuple(), accel_test::local_processes(3)));
 }
 
 TEST_CASE("gather_for_metrics of vectors drops the loader's wrap-around duplicates", "[parallel][gloo][metrics]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{10}, int64_t{3}), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{11}, int64_t{2}), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{10}, int64_t{3}), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(vector_metrics_body, std::make_tuple(int64_t{11}, int64_t{2}), accel_test::local_processes(3)));
 }
 
 TEST_CASE("set_trigger on one rank is seen by every rank at the next check, once", "[parallel][gloo][trigger]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(1), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(2), procs(3)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(0), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(1), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(2), accel_test::local_processes(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(trigger_body, std::make_tuple(0), accel_test::local_processes(3)));
 }
 
 TEST_CASE("on_main_process, on_local_main_process, on_last_process, on_process", "[parallel][gloo][on_process]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(on_process_body, std::make_tuple(), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(on_process_body, std::make_tuple(), accel_test::local_processes(3)));
 }
 
 TEST_CASE("find_executable_batch_size: every rank on the same size", "[parallel][gloo][batch_size]") {
-  REQUIRE_NOTHROW(accel::notebook_launcher(batch_size_body, std::make_tuple(), procs(2)));
-  REQUIRE_NOTHROW(accel::notebook_launcher(batch_size_body, std::make_tuple(), procs(3)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(batch_size_body, std::make_tuple(), accel_test::local_processes(2)));
+  REQUIRE_NOTHROW(accel::notebook_launcher(batch_size_body, std::make_tuple(), accel_test::local_processes(3)));
   try {
-    accel::notebook_launcher(batch_size_error_body, std::make_tuple(), procs(3));
+    accel::notebook_launcher(batch_size_error_body, std::make_tuple(), accel_test::local_processes(3));
     FAIL("the launch succeeded");
   } catch (const accel::LaunchError& e) {
     CHECK(e.rank() == 1);
