@@ -9,12 +9,18 @@ endif()
 find_dependency(Boost)
 find_dependency(nlohmann_json)
 find_dependency(yaml-cpp)  # launch/config_file.hpp reads Accelerate-style YAML configs
+# logging/: spdlog's header-only target (Debian's libspdlog-dev; its fmt::fmt
+# is Debian's libfmt.so, the GPU bundle's is header-only).
+find_dependency(spdlog)
 if(NOT DEFINED ACCEL_WITH_MPI OR ACCEL_WITH_MPI)
   find_package(MPI QUIET COMPONENTS CXX)
 endif()
 
 function(accel_link_dependencies target)
-  target_link_libraries(${target} INTERFACE torch Boost::headers nlohmann_json::nlohmann_json yaml-cpp)
+  # spdlog first: its fmt's include folder must come before LibTorch's, as
+  # pip's LibTorch carries an fmt of its own (another version) in include/.
+  target_link_libraries(${target} INTERFACE spdlog::spdlog_header_only torch Boost::headers
+                                            nlohmann_json::nlohmann_json yaml-cpp)
   # A CUDA build of LibTorch brings NCCL: backend::Nccl becomes available.
   if(TORCH_CUDA_LIBRARIES)
     target_compile_definitions(${target} INTERFACE ACCEL_WITH_NCCL=1 ACCEL_WITH_CUDA=1)

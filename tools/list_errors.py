@@ -33,6 +33,7 @@ AREA_TITLES = {
     "launch": "Launching and config files",
     "sched": "Schedulers",
     "tracking": "Trackers and progress",
+    "logging": "Logging (get_logger)",
     "prepared": "Prepared objects",
     "cli": "The accel command",
 }

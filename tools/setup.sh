@@ -15,6 +15,7 @@ packages=(
   libopenblas0-pthread                # without it LibTorch falls back to the slow reference BLAS
   libopenmpi-dev openmpi-bin          # backend::Mpi
   libboost-dev catch2 nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libstb-dev libfmt-dev
+  libspdlog-dev                       # accel::get_logger (logging/), header-only use
   protobuf-compiler procps xxhash     # tests: protoc reads TensorBoard files, pgrep finds leftover
                                       # processes, xxhsum checks checkpoint checksums
 )

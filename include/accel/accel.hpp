@@ -9,6 +9,7 @@
 #include <accel/options.hpp>
 #include <accel/random.hpp>
 #include <accel/runtime.hpp>
+#include <accel/logging.hpp>
 #include <accel/backend.hpp>
 #include <accel/precision.hpp>
 #include <accel/comm.hpp>

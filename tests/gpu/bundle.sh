@@ -2,8 +2,8 @@
 # Packs what accel needs besides LibTorch into one folder that travels to the
 # GPU machine (which reaches no package registry): the headers accel, its
 # tests and tools include (Boost.Hana, nlohmann-json, yaml-cpp, CLI11, Catch2
-# v2, stb), yaml-cpp's source (built there with that machine's compiler and
-# LibTorch's C++ ABI), and small CMake package files for them.
+# v2, stb, spdlog, fmt), yaml-cpp's source (built there with that machine's
+# compiler and LibTorch's C++ ABI), and small CMake package files for them.
 # Made from this Debian 12 machine's packages (tools/setup.sh installs them).
 # Usage: tests/gpu/bundle.sh [DIR]     (default build-gpu-deps, git-ignored)
 set -euo pipefail
@@ -33,6 +33,15 @@ rm "$probe"
 (cd /usr/include && sed 's|^/usr/include/||' "$out.partial/headers.txt" | tar -cf - -T -) |
   tar -C "$out.partial/include" -xf -
 say "$(wc -l <"$out.partial/headers.txt") headers"
+# spdlog and fmt whole (about 1 MB): users include any sink, and fmt's
+# header-only mode (FMT_HEADER_ONLY, set by the fmt package below) needs
+# format-inl.h, which the probe above does not reach.
+(cd /usr/include && tar -cf - spdlog fmt) | tar -C "$out.partial/include" -xf -
+fmt_version=$(sed -n 's/^#define FMT_VERSION \([0-9]*\)/\1/p' /usr/include/fmt/core.h)
+fmt_version=$((fmt_version / 10000)).$((fmt_version / 100 % 100)).$((fmt_version % 100))
+spdlog_version=$(sed -n 's/^#define SPDLOG_VER_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
+  /usr/include/spdlog/version.h | paste -sd.)
+say "spdlog $spdlog_version and fmt $fmt_version headers"
 
 # 2. yaml-cpp's source from Debian's source package (deb-src lines derived
 #    from this machine's apt sources, in a private apt state folder).
@@ -103,6 +112,42 @@ endif()
 set(Boost_VERSION "$boost_version")
 set(Boost_FOUND TRUE)
 EOF
+# fmt header-only (no libfmt.so to carry) and spdlog's header-only target over
+# it, under the names Debian's packages export (accel links
+# spdlog::spdlog_header_only).
+mkdir -p "$out.partial/cmake/fmt" "$out.partial/cmake/spdlog"
+cat >"$out.partial/cmake/fmt/fmt-config.cmake" <<'EOF'
+# accel's GPU bundle: fmt, header-only (FMT_HEADER_ONLY).
+get_filename_component(_root "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
+foreach(_t fmt::fmt fmt::fmt-header-only)
+  if(NOT TARGET ${_t})
+    add_library(${_t} INTERFACE IMPORTED)
+    set_target_properties(${_t} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_root}/include"
+                                           INTERFACE_COMPILE_DEFINITIONS FMT_HEADER_ONLY=1)
+  endif()
+endforeach()
+set(fmt_FOUND TRUE)
+EOF
+cat >"$out.partial/cmake/spdlog/spdlogConfig.cmake" <<'EOF'
+# accel's GPU bundle: spdlog, header-only, over the bundle's fmt.
+get_filename_component(_root "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
+include(CMakeFindDependencyMacro)
+find_dependency(Threads)
+find_dependency(fmt CONFIG PATHS "${CMAKE_CURRENT_LIST_DIR}/../fmt" NO_DEFAULT_PATH)
+foreach(_t spdlog::spdlog spdlog::spdlog_header_only)
+  if(NOT TARGET ${_t})
+    add_library(${_t} INTERFACE IMPORTED)
+    set_target_properties(${_t} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_root}/include"
+                                           INTERFACE_COMPILE_DEFINITIONS SPDLOG_FMT_EXTERNAL
+                                           INTERFACE_LINK_LIBRARIES "Threads::Threads;fmt::fmt")
+  endif()
+endforeach()
+set(spdlog_FOUND TRUE)
+EOF
+printf 'set(PACKAGE_VERSION "%s")\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n' "$fmt_version" \
+  >"$out.partial/cmake/fmt/fmt-config-version.cmake"
+printf 'set(PACKAGE_VERSION "%s")\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n' "$spdlog_version" \
+  >"$out.partial/cmake/spdlog/spdlogConfigVersion.cmake"
 mkdir -p "$out.partial/cmake/yaml-cpp"
 cat >"$out.partial/cmake/yaml-cpp/yaml-cpp-config.cmake" <<'EOF'
 # accel's GPU bundle: yaml-cpp, built by tests/gpu/run.sh into lib/.

@@ -118,10 +118,12 @@ if [[ ! -f $deps/lib/libyaml-cpp.a || ! -f $deps/lib/.abi$abi ]]; then
 fi
 
 # --- 3. The GPU checks and the benchmark, built directly (no CMake needed) ----
-defs=(-DACCEL_WITH_CUDA=1 -DUSE_C10D_GLOO -DACCEL_WITH_MPI=0)
+# fmt header-only (spdlog's, in the bundle), and the bundle's headers before
+# LibTorch's: pip's LibTorch carries an fmt of another version in include/.
+defs=(-DACCEL_WITH_CUDA=1 -DUSE_C10D_GLOO -DACCEL_WITH_MPI=0 -DFMT_HEADER_ONLY=1)
 [[ -n $nccl_inc ]] && defs+=(-DACCEL_WITH_NCCL=1 -DUSE_C10D_NCCL)
-incs=(-I"$here/include" -I"$here/tests/support" -isystem "$torch_dir/include" -isystem "$torch_dir/include/torch/csrc/api/include"
-      -isystem "$deps/include" -isystem "$cuda_inc")
+incs=(-I"$here/include" -I"$here/tests/support" -isystem "$deps/include" -isystem "$torch_dir/include"
+      -isystem "$torch_dir/include/torch/csrc/api/include" -isystem "$cuda_inc")
 [[ -n $nccl_inc ]] && incs+=(-isystem "$nccl_inc")
 libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch -ltorch_cuda -ltorch_cpu
       -lc10_cuda -lc10 -Wl,--as-needed -lpthread)
