@@ -1,7 +1,8 @@
 # Tests of the `accel` command (tools/cli): each runs the built binary from a
 # POSIX sh script under tests/cli/ with its own scratch directory.
 if(TARGET accel_cli)
-  foreach(_t config_default config_interactive launch_env launch_failure launch_ports launch_restart env)
+  foreach(_t config_default config_interactive launch_env launch_failure launch_ports launch_restart env
+                 test_command)
     add_test(NAME cli.${_t}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/${_t}.sh $<TARGET_FILE:accel_cli>
               ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_${_t} ${PROJECT_VERSION})

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The `accel` command: config | launch | env. Flags mirror `accelerate`;
+// The `accel` command: config | launch | env | test. Flags mirror `accelerate`;
 // the work is done in the headers beside this file.
 #include <iostream>
 #include <optional>
@@ -11,6 +11,7 @@
 #include "config_command.hpp"
 #include "env_command.hpp"
 #include "launch_command.hpp"
+#include "test_command.hpp"
 
 namespace {
 
@@ -22,7 +23,8 @@ void set_if(const CLI::Option* opt, const T& value, std::optional<T>& into) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"accel: configure and launch programs built with accel (Accelerate for LibTorch)"};
+  CLI::App app{
+      "accel: configure, test and launch programs built with accel (Accelerate for LibTorch)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(accel::version_string));
 
@@ -94,6 +96,25 @@ int main(int argc, char** argv) {
   std::string env_config;
   auto* o_env_cf = env->add_option("--config_file", env_config, "Config file to show");
 
+  auto* test = app.add_subcommand(
+      "test", "Check this machine's setup: rendezvous, all_reduce, gradient sync and "
+              "save_state/load_state on N local processes, with the config's backend and "
+              "mixed precision");
+  accel::cli::TestFlags tf;
+  std::string test_config, test_backend, test_mp;
+  auto* o_test_cf = test->add_option("--config_file", test_config,
+                                     "Config file to read (default: the one `accel launch` reads)");
+  auto* o_test_be = test->add_option("--backend", test_backend, "gloo | mpi | nccl")
+                        ->check(CLI::IsMember({"gloo", "mpi", "nccl"}));
+  auto* o_test_mp = test->add_option("--mixed_precision", test_mp, "no | fp16 | bf16")
+                        ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+  test->add_option("--num_processes", tf.num_processes, "Processes to start (at least 2)")
+      ->capture_default_str();
+  test->add_option("--timeout", tf.timeout,
+                   "Seconds the whole test may run; then every process is stopped, accel says "
+                   "where each one waited and exits with 124")
+      ->capture_default_str();
+
   // `accel launch [OPTIONS] -- PROGRAM ...`: CLI11 would take what follows "--"
   // as extras; parse up to it and hand the rest to the program, unless the
   // program came earlier (then "--" is one of its own arguments).
@@ -140,6 +161,12 @@ int main(int argc, char** argv) {
       if (o_tee->count() > 0 && tee != "0") f.prefix_output = true;
       f.command = after_dashes.empty() ? launch->remaining() : after_dashes;
       return accel::cli::run_launch(f);
+    }
+    if (*test) {
+      set_if(o_test_cf, test_config, tf.config_file);
+      set_if(o_test_be, test_backend, tf.backend);
+      set_if(o_test_mp, test_mp, tf.mixed_precision);
+      return accel::cli::run_test(tf, std::cout, std::cerr);
     }
     if (*env) {
       std::optional<std::string> path;
