@@ -29,12 +29,14 @@
 #include <accel/errors.hpp>
 #include <accel/ops/batch_size.hpp>
 #include <accel/ops/collectives.hpp>
+#include <accel/ops/join.hpp>
 #include <accel/ops/objects.hpp>
 #include <accel/ops/split.hpp>
 #include <accel/ops/trigger.hpp>
 #include <accel/options.hpp>
 #include <accel/precision.hpp>
 #include <accel/prepare.hpp>
+#include <accel/profiling/events.hpp>
 #include <accel/profiling/trace.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
@@ -274,6 +276,20 @@ class Accelerator {
   /// every rank must call it) is true on every rank, and clears it.
   void set_trigger() { trigger_.set(); }
   bool check_trigger() { return trigger_.check(*state_->comm); }
+
+  /// RAII, as torch's Join: ranks whose data ends before the others' (a
+  /// loader with even_batches = false, or your own) leave the loop and the
+  /// guard's end repeats the others' collectives until every rank is done;
+  /// replicas and optimizer states stay equal. Inside it, every rank with
+  /// data must run the same forward (of a model listed here) / backward /
+  /// optimizer.step() sequence; ranks that do not are an accel::Error naming
+  /// them. docs/collectives.md "Uneven inputs".
+  template <class... M>
+  [[nodiscard]] ops::Join join_uneven_inputs(PreparedModel<M>&... models) {
+    static_assert(sizeof...(M) > 0, "accel: join_uneven_inputs() needs the prepared models whose "
+                                    "gradients are synchronised in the loop it guards.");
+    return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models](bool buffers, bool reduce) { models.join_shadow(buffers, reduce); }}...});
+  }
   /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
   /// out-of-memory error on any rank), every rank at the same size.
   template <class F>
@@ -378,6 +394,7 @@ class Accelerator {
   /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
+    profiling::Span span("accel: save_state", "accel.checkpoint");
     sync_registry();
     ckpt::save_state(registry_, options_, std::move(dir));
   }
@@ -385,6 +402,7 @@ class Accelerator {
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
+    profiling::Span span("accel: load_state", "accel.checkpoint");
     sync_registry();
     ckpt::load_state(registry_, options_, std::move(dir));
   }
@@ -406,6 +424,20 @@ class Accelerator {
   template <ckpt::Checkpointable T>
   void register_for_checkpointing(T& obj) {
     registry_.add_custom(obj);
+  }
+  /// Runs hook(models, dir) on every process in save_state(), after the
+  /// checkpoint directory is created and before accel writes its files; dir
+  /// is where the checkpoint is assembled (files the hook writes there are
+  /// committed with it, atomically). Models the hook erases from the list are
+  /// not written by accel: the hook saves them its own way. As Accelerate's.
+  ckpt::RemovableHandle register_save_state_pre_hook(ckpt::StatePreHook hook) {
+    return registry_.save_pre_hooks.add(std::move(hook));
+  }
+  /// Runs hook(models, dir) on every process in load_state() and
+  /// load_latest_state(), before accel reads dir; models the hook erases are
+  /// not read by accel (the hook loads them). Hooks run in registration order.
+  ckpt::RemovableHandle register_load_state_pre_hook(ckpt::StatePreHook hook) {
+    return registry_.load_pre_hooks.add(std::move(hook));
   }
 
   /// Starts the trackers (JSONL, CSV, TensorBoard; see tracking/trackers.hpp)

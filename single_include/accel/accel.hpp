@@ -2196,6 +2196,329 @@ inline std::shared_ptr<MpiCommunicator> make_mpi_communicator(const ProcessEnv& 
 
 #endif  // ACCEL_RUNTIME_HPP
 // end <accel/runtime.hpp>
+// begin <accel/logging.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the logging area: accel::get_logger (Accelerate's
+/// get_logger over spdlog), Logger, LogOptions, and the ACCEL_LOG_LEVEL
+/// levels (docs/logging.md).
+#ifndef ACCEL_LOGGING_HPP
+#define ACCEL_LOGGING_HPP
+
+// begin <accel/logging/level.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::logging::Level (spdlog's levels), their names, and
+/// the level a new logger gets: ACCEL_LOG_LEVEL, else info.
+#ifndef ACCEL_LOGGING_LEVEL_HPP
+#define ACCEL_LOGGING_LEVEL_HPP
+
+#include <array>
+#include <cctype>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <spdlog/common.h>
+
+
+namespace accel::logging {
+
+/// spdlog's levels: spdlog::level::trace, debug, info, warn, err, critical, off.
+using Level = spdlog::level::level_enum;
+
+namespace detail {
+
+/// The names ACCEL_LOG_LEVEL accepts (any case), least to most severe.
+inline constexpr std::array<std::pair<std::string_view, Level>, 7> kLevelNames{{
+    {"trace", Level::trace},
+    {"debug", Level::debug},
+    {"info", Level::info},
+    {"warning", Level::warn},
+    {"error", Level::err},
+    {"critical", Level::critical},
+    {"off", Level::off},
+}};
+
+}  // namespace detail
+
+/// The level named `name` (trace, debug, info, warning, error, critical or
+/// off, any case); empty when it names none.
+inline std::optional<Level> parse_level(std::string_view name) {
+  std::string lower(name);
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& [n, level] : detail::kLevelNames)
+    if (lower == n) return level;
+  return std::nullopt;
+}
+
+/// The name parse_level() reads for `level` ("warning", not spdlog's "warn").
+inline std::string_view level_name(Level level) {
+  for (const auto& [n, l] : detail::kLevelNames)
+    if (l == level) return n;
+  return "off";
+}
+
+/// The level ACCEL_LOG_LEVEL names; info when it is unset or empty. Any
+/// other value is a ConfigError that names the variable and the choices.
+inline Level level_from_env() {
+  auto value = runtime::detail::getenv_str("ACCEL_LOG_LEVEL");
+  if (!value) return Level::info;
+  if (auto level = parse_level(*value)) return *level;
+  // The choices spelled out (as kLevelNames has them) so that docs/errors.md shows them.
+  throw ConfigError(accel::detail::concat(
+      "accel: environment variable ACCEL_LOG_LEVEL='", value->substr(0, 100),
+      "' is not a log level. Set it to one of trace, debug, info, warning, error, critical, off "
+      "(any case), or unset it for info."));
+}
+
+}  // namespace accel::logging
+
+#endif  // ACCEL_LOGGING_LEVEL_HPP
+// end <accel/logging/level.hpp>
+// begin <accel/logging/logger.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::logging::Logger and get_logger: Accelerate's
+/// get_logger / MultiProcessAdapter over spdlog. A message is logged on the
+/// main process only unless LogOptions say otherwise; every line carries
+/// "[rank r/n] "; the level of a new logger comes from ACCEL_LOG_LEVEL.
+#ifndef ACCEL_LOGGING_LOGGER_HPP
+#define ACCEL_LOGGING_LOGGER_HPP
+
+#include <concepts>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#ifdef SPDLOG_USE_STD_FORMAT
+#include <format>
+#endif
+
+#include <spdlog/logger.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+
+namespace accel::logging {
+
+/// Per-call choices, as Accelerate's log(..., main_process_only=, in_order=).
+struct LogOptions {
+  /// true: only the main process (rank 0) logs; false: every process does.
+  bool main_process_only = true;
+  /// true: every process logs, one after another in rank order (rank 0's
+  /// line first), whatever main_process_only says. Collective: every process
+  /// must make the call, and the logger needs a barrier (get_logger(name,
+  /// accelerator)) when there is more than one process.
+  bool in_order = false;
+};
+
+/// A named spdlog logger seen from one process of the job. Cheap to copy:
+/// copies share the spdlog logger (its sinks and level).
+class Logger {
+ public:
+  /// `barrier` may be null: then in_order is only possible in a job of one process.
+  Logger(std::shared_ptr<::spdlog::logger> logger, int process_index, int num_processes,
+         runtime::Communicator* barrier = nullptr)
+      : logger_(std::move(logger)),
+        rank_(process_index),
+        world_(num_processes),
+        barrier_(barrier),
+        prefix_("[rank " + std::to_string(process_index) + "/" + std::to_string(num_processes) + "] ") {}
+
+  // log.info("loss {}", x): main process only. log.info({.main_process_only = false}, ...):
+  // every process. log.info({.in_order = true}, ...): every process, in rank order.
+  template <class... A>
+  void trace(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::trace, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void trace(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::trace, options, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void debug(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::debug, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void debug(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::debug, options, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void info(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::info, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void info(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::info, options, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void warning(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::warn, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void warning(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::warn, options, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void error(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::err, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void error(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::err, options, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void critical(::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::critical, LogOptions{}, fmt, std::forward<A>(args)...);
+  }
+  template <class... A>
+  void critical(const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    log(Level::critical, options, fmt, std::forward<A>(args)...);
+  }
+
+  /// The message at `level`, on the processes `options` choose. Below the
+  /// logger's level nothing happens, not even in_order's barriers (so every
+  /// process needs the same level: ACCEL_LOG_LEVEL is inherited by launched
+  /// processes).
+  template <class... A>
+  void log(Level level, const LogOptions& options, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    if (!logger_->should_log(level)) return;
+    if (options.in_order) {
+      check_barrier();
+      // Every process takes its turn, then all wait: rank 0 writes (and
+      // flushes) first, rank 1 after the first barrier, and so on. A process
+      // whose write fails still joins the barriers, so no one hangs on it.
+      std::exception_ptr failure;
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) {
+          try {
+            write(level, fmt, std::forward<A>(args)...);
+            logger_->flush();
+          } catch (...) {
+            failure = std::current_exception();
+          }
+        }
+        if (world_ > 1) barrier_->barrier();
+      }
+      if (failure) std::rethrow_exception(failure);
+      return;
+    }
+    if (options.main_process_only && rank_ != 0) return;
+    write(level, fmt, std::forward<A>(args)...);
+  }
+
+  /// Whether a message at `level` would be written (on a process that logs it).
+  bool enabled(Level level) const { return logger_->should_log(level); }
+  Level level() const { return logger_->level(); }
+  /// This process's level for this name (every copy, every get_logger of it).
+  void set_level(Level level) { logger_->set_level(level); }
+  const std::string& name() const { return logger_->name(); }
+  int process_index() const { return rank_; }
+  int num_processes() const { return world_; }
+  /// "[rank r/n] ", what every message starts with.
+  const std::string& prefix() const { return prefix_; }
+  void flush() { logger_->flush(); }
+  /// The spdlog logger underneath: its sinks (add a file, replace the
+  /// console), pattern, flush policy. Shared with every Logger of this name.
+  const std::shared_ptr<::spdlog::logger>& spdlog_logger() const { return logger_; }
+
+ private:
+  void check_barrier() const {
+    if (world_ > 1 && barrier_ == nullptr)
+      throw Error(accel::detail::concat(
+          "accel: logger '", logger_->name(), "' cannot log in_order: it has no barrier across the ",
+          world_, " processes. Get it with accel::get_logger(\"", logger_->name(),
+          "\", accelerator) to log in rank order."));
+  }
+
+  template <class... A>
+  void write(Level level, ::spdlog::format_string_t<A...> fmt, A&&... args) {
+    ::spdlog::memory_buf_t buf;
+    buf.append(prefix_.data(), prefix_.data() + prefix_.size());
+#ifdef SPDLOG_USE_STD_FORMAT
+    std::vformat_to(std::back_inserter(buf), fmt, std::make_format_args(args...));
+#else
+    ::fmt::format_to(std::back_inserter(buf), fmt, std::forward<A>(args)...);
+#endif
+    logger_->log(level, ::spdlog::string_view_t(buf.data(), buf.size()));
+  }
+
+  std::shared_ptr<::spdlog::logger> logger_;
+  int rank_;
+  int world_;
+  runtime::Communicator* barrier_;
+  std::string prefix_;
+};
+
+namespace detail {
+
+inline std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/// spdlog's logger of that name (registered in spdlog's registry, so
+/// spdlog::get(name) finds it too); made when there is none: a colored
+/// stderr sink, spdlog's default pattern, `level`.
+inline std::shared_ptr<::spdlog::logger> named_logger(std::string_view name, Level level) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::string key(name);
+  if (auto existing = ::spdlog::get(key)) return existing;
+  auto logger = std::make_shared<::spdlog::logger>(key, std::make_shared<::spdlog::sinks::stderr_color_sink_mt>());
+  logger->set_level(level);
+  ::spdlog::register_logger(logger);
+  return logger;
+}
+
+template <class A>
+concept HasCommunicator = requires(A& a) {
+  { a.communicator() } -> std::convertible_to<runtime::Communicator&>;
+};
+
+}  // namespace detail
+
+/// The logger `name` of this process, rank and world from the environment
+/// (API.md section 5). Made on first use with ACCEL_LOG_LEVEL's level (info
+/// when unset); later calls share it and keep its level. ACCEL_LOG_LEVEL is
+/// checked on every call: a value that is not a level is a ConfigError.
+/// in_order needs the overload with an accelerator when there is more than
+/// one process.
+inline Logger get_logger(std::string_view name) {
+  const Level level = level_from_env();
+  const auto env = runtime::ProcessEnv::discover();
+  return Logger(detail::named_logger(name, level), env.rank, env.world_size);
+}
+
+/// The same, rank and world from `comm`, whose barrier orders in_order
+/// messages. The logger must not outlive the communicator.
+inline Logger get_logger(std::string_view name, runtime::Communicator& comm) {
+  const Level level = level_from_env();
+  return Logger(detail::named_logger(name, level), comm.rank(), comm.size(), &comm);
+}
+
+/// The same, bound to an Accelerator (its communicator): what in_order
+/// needs. The logger must not outlive the accelerator.
+template <detail::HasCommunicator A>
+Logger get_logger(std::string_view name, A& accelerator) {
+  return get_logger(name, accelerator.communicator());
+}
+
+}  // namespace accel::logging
+
+namespace accel {
+using logging::get_logger;
+using logging::Logger;
+using logging::LogOptions;
+}  // namespace accel
+
+#endif  // ACCEL_LOGGING_LOGGER_HPP
+// end <accel/logging/logger.hpp>
+
+#endif  // ACCEL_LOGGING_HPP
+// end <accel/logging.hpp>
 // begin <accel/backend.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Umbrella of the backend policies.
@@ -4242,6 +4565,127 @@ T to_device(T batch, const torch::Device& device, bool non_blocking) {
 
 #endif  // ACCEL_DATA_TO_DEVICE_HPP
 // end <accel/data/to_device.hpp>
+// begin <accel/profiling/events.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::profiling::Events, accel's own trace events (gradient
+/// bucket reductions, waits for them, data loading, checkpoints) recorded
+/// beside LibTorch's operators while an Accelerator::profile() object lives,
+/// and profiling::Span, the scope that records one of them.
+#ifndef ACCEL_PROFILING_EVENTS_HPP
+#define ACCEL_PROFILING_EVENTS_HPP
+
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+
+namespace accel::profiling {
+
+/// The process's recording of accel events. When nothing records, every
+/// call site costs one relaxed atomic load: no clock read, no allocation.
+class Events {
+ public:
+  /// Whether a profile() object is recording on this process.
+  static bool recording() noexcept { return on_.load(std::memory_order_relaxed); }
+  /// Microseconds since the epoch: every rank's clock, so merged traces line up.
+  static int64_t now_us() noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  /// Chrome trace tid of the calling thread: the id LibTorch's profiler gives
+  /// it, so accel's events share the track of the operators around them.
+  static int64_t thread_id() { return static_cast<int64_t>(at::RecordFunction::currentThreadId()); }
+
+  /// A complete ("X") event on the calling thread.
+  static void complete(const char* name, const char* category, int64_t begin_us, int64_t end_us,
+                       nlohmann::json args = nlohmann::json::object()) {
+    add({{"name", name}, {"cat", category}, {"ph", "X"}, {"ts", begin_us},
+         {"dur", end_us - begin_us}, {"tid", thread_id()}, {"args", std::move(args)}});
+  }
+  /// One end of an asynchronous span ("b" or "e"): a bucket's reduction runs
+  /// while the thread that started it goes on, so it gets its own row.
+  static void async(char phase, const std::string& name, const char* category, int64_t id, int64_t ts_us,
+                    nlohmann::json args = nlohmann::json::object()) {
+    add({{"name", name}, {"cat", category}, {"ph", std::string(1, phase)}, {"id", id}, {"ts", ts_us},
+         {"tid", thread_id()}, {"args", std::move(args)}});
+  }
+
+  /// Starts recording (Trace's constructor); one recording at a time.
+  static void start() {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    ACCEL_CHECK(!on_.load(), "accel: profile() was called while another profile() object of this "
+                "process is still recording. Let the first one go out of scope (or stop() it) first.");
+    s.events = nlohmann::json::array();
+    on_.store(true);
+  }
+  /// Stops recording and hands over what was recorded (Trace's stop()).
+  static nlohmann::json stop() {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    on_.store(false);
+    return std::exchange(s.events, nlohmann::json::array());
+  }
+
+ private:
+  // Constant-initialised: reading it needs no guard of a function's static.
+  inline static std::atomic<bool> on_{false};
+  struct State {
+    std::mutex mutex;  // reductions finish and loaders prefetch on other threads
+    nlohmann::json events = nlohmann::json::array();
+  };
+  static State& state() {
+    static State s;  // one per program: an inline function's static
+    return s;
+  }
+  static void add(nlohmann::json event) {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    if (on_.load()) s.events.push_back(std::move(event));  // a span that outlived stop() is dropped
+  }
+};
+
+/// RAII: records [construction, destruction) as a complete event when a
+/// profile() object records at construction; otherwise does nothing else.
+class Span {
+ public:
+  Span(const char* name, const char* category) noexcept
+      : name_(name), category_(category), begin_us_(Events::recording() ? Events::now_us() : -1) {}
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+  ~Span() {
+    if (begin_us_ < 0) return;
+    try {
+      Events::complete(name_, category_, begin_us_, Events::now_us(),
+                       args_.is_null() ? nlohmann::json::object() : std::move(args_));
+    } catch (...) {  // profiling never breaks training
+    }
+  }
+  /// Adds an argument shown with the event (only evaluated while recording).
+  template <class V>
+  void arg(const char* key, V&& value) {
+    if (begin_us_ >= 0) args_[key] = std::forward<V>(value);
+  }
+
+ private:
+  const char* name_;
+  const char* category_;
+  int64_t begin_us_;
+  nlohmann::json args_;  // null until an argument is set: no allocation when not recording
+};
+
+}  // namespace accel::profiling
+
+#endif  // ACCEL_PROFILING_EVENTS_HPP
+// end <accel/profiling/events.hpp>
 
 #include <torch/types.h>
 
@@ -4456,6 +4900,7 @@ class DataLoader<Dataset, Collate>::Run {
       return false;
     }
     current_.reset();
+    profiling::Span span("accel: data loading", "accel.data");
     batch_type batch = prefetcher_ ? prefetcher_->get(next_) : produce(next_);
     if (device_) batch = to_device(std::move(batch), *device_, non_blocking_);
     current_.emplace(std::move(batch));
@@ -6875,14 +7320,15 @@ inline torch::Tensor checkpoint_sequential(const torch::nn::Sequential& seq, tor
 // begin <accel/profiling.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Umbrella of the profiling area: the Chrome trace that
-/// Accelerator::profile returns, and merge_traces.
+/// Accelerator::profile returns, merge_traces, and accel's own events in it.
 #ifndef ACCEL_PROFILING_HPP
 #define ACCEL_PROFILING_HPP
 
 // begin <accel/profiling/trace.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::profiling::Trace, what Accelerator::profile returns:
-/// LibTorch's operators on this process, recorded while it lives and written
+/// LibTorch's operators and accel's own events (profiling::Events) on this
+/// process, recorded while it lives and written
 /// as a Chrome trace (trace_dir/trace_rank<r>.json); merge_traces puts the
 /// ranks' files into one trace with a track per rank.
 #ifndef ACCEL_PROFILING_TRACE_HPP
@@ -6893,6 +7339,7 @@ inline torch::Tensor checkpoint_sequential(const torch::nn::Sequential& seq, tor
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -6923,13 +7370,36 @@ inline void write_json_atomic(const std::filesystem::path& file, const nlohmann:
   std::filesystem::rename(tmp, file);
 }
 
+/// Drops the asynchronous spans that recording cut in half (begun before it
+/// started or ended after it stopped): every "b" has its "e" in the file.
+inline nlohmann::json matched_spans(nlohmann::json events) {
+  std::set<std::pair<std::string, int64_t>> begun, ended;
+  for (const auto& e : events) {
+    const auto ph = e["ph"].get<std::string>();
+    if (ph == "b") begun.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+    if (ph == "e") ended.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+  }
+  nlohmann::json kept = nlohmann::json::array();
+  for (auto& e : events) {
+    const auto ph = e["ph"].get<std::string>();
+    if (ph == "b" || ph == "n" || ph == "e") {
+      const std::pair key{e["cat"].get<std::string>(), e["id"].get<int64_t>()};
+      if (!begun.count(key) || !ended.count(key)) continue;
+    }
+    kept.push_back(std::move(e));
+  }
+  return kept;
+}
+
 }  // namespace detail
 
 /// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
 /// for this process) records while the Trace lives. stop() or the destructor
 /// writes trace_dir/trace_rank<r>.json in the Chrome trace event format
-/// (complete "X" events; pid = rank; timestamps in microseconds since the
-/// epoch, so the ranks' files line up when merged). Movable, not copyable.
+/// (operators and accel's scopes as complete "X" events, bucket reductions as
+/// asynchronous "b"/"n"/"e" spans; pid = rank; timestamps in microseconds
+/// since the epoch, so the ranks' files line up when merged). One per process
+/// at a time. Movable, not copyable.
 class Trace {
  public:
   Trace(std::filesystem::path trace_dir, int rank)
@@ -6963,9 +7433,16 @@ class Trace {
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count())) {
       std::filesystem::create_directories(dir);
-      recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+      Events::start();
+      try {
+        recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+      } catch (...) {
+        Events::stop();
+        throw;
+      }
     }
     void finish() {
+      auto own = Events::stop();
       recorder.reset();  // stops the profiler and writes its events into raw
       auto events = nlohmann::json::parse(raw.str());
       nlohmann::json out = nlohmann::json::array();
@@ -6974,6 +7451,10 @@ class Trace {
       for (auto& e : events) {
         e["pid"] = rank;
         e["ts"] = e.value("ts", 0.0) + start_us;
+        out.push_back(std::move(e));
+      }
+      for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
+        e["pid"] = rank;
         out.push_back(std::move(e));
       }
       detail::write_json_atomic(file, out);
@@ -9135,7 +9616,29 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/detail/join_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::JoinState, what a live join_uneven_inputs()
+/// guard shares with the prepared models and optimizers: before each
+/// communicating forward of a guarded model and each optimizer step, every
+/// rank says what it is about to do (one all-gather of one number), so that a
+/// rank that ran out of data can repeat the others' collectives, and ranks
+/// that do different things are an error naming them.
+#ifndef ACCEL_DETAIL_JOIN_STATE_HPP
+#define ACCEL_DETAIL_JOIN_STATE_HPP
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -9177,6 +9680,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+  /// join_uneven_inputs() on a rank out of data, while the others run a
+  /// backward: contribute zero gradients to every bucket's reduction, in the
+  /// same order, and wait (afterwards the gradients are the others' average).
+  virtual void shadow_backward() {}
   /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
   /// Accelerator::register_comm_hook); null where nothing is communicated.
   virtual comm::Hook* comm_hook() const { return nullptr; }
@@ -9211,6 +9718,83 @@ class NoSync final : public GradientSync {
 #endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 // end <accel/shard/detail/gradient_sync.hpp>
 
+namespace accel::detail {
+
+class JoinState {
+ public:
+  /// A guarded model: its gradient sync, and what a joined rank does while
+  /// the others run its forward and backward (broadcast buffers, reduce
+  /// zero gradients).
+  struct Model {
+    const shard::detail::GradientSync* sync;
+    std::function<void()> shadow;
+  };
+  static constexpr int64_t kJoined = -1;  ///< what a rank out of data announces
+
+  JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
+      : comm_(std::move(comm)), models_(std::move(models)) {}
+
+  /// Slot of a guarded model's forward (-1: the model is not guarded).
+  int64_t model_slot(const shard::detail::GradientSync* sync) const {
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      if (models_[i].sync == sync) return static_cast<int64_t>(i);
+    return -1;
+  }
+  /// Slot of the step of prepared optimizer `index` (prepare() order).
+  int64_t optimizer_slot(std::size_t index) const { return static_cast<int64_t>(models_.size() + index); }
+  std::size_t num_models() const { return models_.size(); }
+  const Model& model(std::size_t i) const { return models_[i]; }
+
+  /// An active rank, before the collectives of `slot`: every rank must be
+  /// about to do the same, or be out of data.
+  void announce(int64_t slot) { (void)exchange(slot); }
+
+  /// A rank out of data: the slot the active ranks are about to run, or
+  /// kJoined once every rank is out of data.
+  int64_t next_slot() { return exchange(kJoined); }
+
+ private:
+  int64_t exchange(int64_t mine) {
+    const int world = comm_->size();
+    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
+    auto all = torch::empty({world}, in.options());
+    comm_->all_gather(all, in)->wait();
+    const auto slots = all.cpu();
+    const auto* s = slots.data_ptr<int64_t>();
+    int64_t running = kJoined;
+    bool agree = true;
+    for (int r = 0; r < world; ++r) {
+      if (s[r] == kJoined) continue;
+      if (running == kJoined) running = s[r];
+      agree = agree && s[r] == running;
+    }
+    if (!agree) {
+      std::ostringstream what;
+      for (int r = 0; r < world; ++r) what << (r ? "; " : "") << "rank " << r << ": " << describe(s[r]);
+      throw Error("accel: under join_uneven_inputs() the ranks are about to run different "
+                  "collectives (" + what.str() + "). Every rank that still has data must run the "
+                  "same sequence: the forward of the same guarded model (with gradients), then "
+                  "its backward, then the same optimizer's step().");
+    }
+    return running;
+  }
+
+  std::string describe(int64_t slot) const {
+    if (slot == kJoined) return "out of data (joined)";
+    if (slot < static_cast<int64_t>(models_.size()))
+      return "forward of guarded model " + std::to_string(slot);
+    return "step() of prepared optimizer " + std::to_string(slot - static_cast<int64_t>(models_.size()));
+  }
+
+  std::shared_ptr<runtime::Communicator> comm_;
+  std::vector<Model> models_;
+};
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_JOIN_STATE_HPP
+// end <accel/detail/join_state.hpp>
+
 namespace accel::shard::detail {
 class ZeroReducer;
 }  // namespace accel::shard::detail
@@ -9235,6 +9819,11 @@ struct TrainingState {
   /// optimizer may outlive the Accelerator, and must then say so.
   std::weak_ptr<precision::LossScaler> scaler;
   bool loss_scaling = false;
+  /// join_uneven_inputs(): the live guard's state (null outside one).
+  std::shared_ptr<JoinState> join;
+  /// Each prepared optimizer's step as a rank out of data repeats it under
+  /// join_uneven_inputs() (prepare() order; AcceleratedOptimizer adds it).
+  std::vector<std::function<void(TrainingState&)>> optimizer_shadows;
 
   /// sync_gradients, shared with the gradient syncs of prepared models.
   static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {
@@ -9356,6 +9945,10 @@ class PreparedModel {
   template <class... A>
   auto operator()(A&&... args) {
     sync_->before_forward();
+    // Under join_uneven_inputs(), a forward whose backward communicates
+    // first tells the ranks that ran out of data (which repeat its collectives).
+    if (state_->join && torch::GradMode::is_enabled() && sync_->sync_now())
+      if (const auto slot = state_->join->model_slot(sync_.get()); slot >= 0) state_->join->announce(slot);
     if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
       broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
@@ -9376,6 +9969,14 @@ class PreparedModel {
   M& module() { return model_; }
   const M& module() const { return model_; }
   shard::detail::GradientSync& gradient_sync() const { return *sync_; }
+
+  /// join_uneven_inputs() on a rank out of data, while the others run this
+  /// model's forward and backward: the same collectives, with zero gradients.
+  void join_shadow() {
+    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
+      broadcast_buffers();
+    sync_->shadow_backward();
+  }
 
  private:
   // Buffers (BatchNorm statistics) follow rank 0 before each training forward,
@@ -9409,8 +10010,10 @@ class PreparedModel {
 #ifndef ACCEL_PREPARED_OPTIMIZER_HPP
 #define ACCEL_PREPARED_OPTIMIZER_HPP
 
+#include <cstddef>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -9429,7 +10032,14 @@ class AcceleratedOptimizer {
   using optimizer_type = O;
 
   AcceleratedOptimizer(std::shared_ptr<O> optimizer, std::shared_ptr<detail::TrainingState> state)
-      : opt_(std::move(optimizer)), state_(std::move(state)) {}
+      : core_(std::make_shared<Core>(Core{std::move(optimizer), nullptr})), state_(std::move(state)),
+        index_(state_->optimizer_shadows.size()) {
+    // A rank out of data under join_uneven_inputs() repeats this step (weak:
+    // the state must not keep the optimizer alive).
+    state_->optimizer_shadows.push_back([core = std::weak_ptr<Core>(core_)](detail::TrainingState& s) {
+      if (auto c = core.lock()) run_step(s, *c, nullptr);
+    });
+  }
 
   /// No-op on the non-sync micro-steps of accumulate(); otherwise waits for
   /// the gradient all-reduce still in flight, then steps unless the loss
@@ -9439,15 +10049,15 @@ class AcceleratedOptimizer {
       skipped_ = true;
       return {};
     }
-    state_->finalize_gradients();
-    const bool ok = state_->before_step(*opt_);
-    torch::Tensor loss;
-    if (ok) loss = opt_->step(std::move(closure));
-    if (partition_) partition_->after_step(ok);
-    state_->after_step(ok);
+    {
+      profiling::Span wait("accel: optimizer.step waits for gradients", "accel.comm");
+      state_->finalize_gradients();
+    }
+    // After the reductions: a rank out of data repeats them from the
+    // announcement of the forward, before this one.
+    if (state_->join) state_->join->announce(state_->join->optimizer_slot(index_));
+    auto [ok, loss] = run_step(*state_, *core_, std::move(closure));
     skipped_ = !ok;
-    state_->last_step_skipped = !ok;
-    if (ok) ++state_->optimizer_steps;
     return loss;
   }
 
@@ -9456,28 +10066,48 @@ class AcceleratedOptimizer {
   void zero_grad() {
     if (!state_->sync_gradients) return;
     torch::NoGradGuard no_grad;
-    for (auto& group : opt_->param_groups())
+    for (auto& group : core_->opt->param_groups())
       for (auto& p : group.params())
         if (p.grad().defined()) p.mutable_grad().zero_();
-    if (partition_) partition_->zero_grad();
+    if (core_->partition) core_->partition->zero_grad();
   }
 
   /// Shard policies: the optimizer's parameters are this rank's partitions of
   /// a model's; the partition gathers the update and zeroes the full gradients.
   void set_partition(std::shared_ptr<shard::detail::OptimizerPartition> partition) {
-    partition_ = std::move(partition);
+    core_->partition = std::move(partition);
   }
 
   bool step_was_skipped() const { return skipped_; }
 
-  O* operator->() const { return opt_.get(); }
-  O& operator*() const { return *opt_; }
-  O& optimizer() const { return *opt_; }
+  O* operator->() const { return core_->opt.get(); }
+  O& operator*() const { return *core_->opt; }
+  O& optimizer() const { return *core_->opt; }
 
  private:
-  std::shared_ptr<O> opt_;
+  /// What copies of one prepared optimizer share.
+  struct Core {
+    std::shared_ptr<O> opt;
+    std::shared_ptr<shard::detail::OptimizerPartition> partition;
+  };
+
+  // With the gradients reduced: steps unless the loss scaler found inf/NaN
+  // on any rank; returns whether it stepped, and the loss.
+  static std::pair<bool, torch::Tensor> run_step(detail::TrainingState& state, Core& c,
+                                                 torch::optim::Optimizer::LossClosure closure) {
+    const bool ok = state.before_step(*c.opt);
+    torch::Tensor loss;
+    if (ok) loss = c.opt->step(std::move(closure));
+    if (c.partition) c.partition->after_step(ok);
+    state.after_step(ok);
+    state.last_step_skipped = !ok;
+    if (ok) ++state.optimizer_steps;
+    return {ok, loss};
+  }
+
+  std::shared_ptr<Core> core_;
   std::shared_ptr<detail::TrainingState> state_;
-  std::shared_ptr<shard::detail::OptimizerPartition> partition_;
+  std::size_t index_;  ///< in TrainingState::optimizer_shadows
   bool skipped_ = false;
 };
 
@@ -10108,12 +10738,96 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
 // end <accel/checkpoint/detail/optimizer_keys.hpp>
+// begin <accel/checkpoint/state_hooks.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::StatePreHooks, what
+/// Accelerator::register_save_state_pre_hook / register_load_state_pre_hook
+/// keep: callables run by save_state()/load_state() with the prepared models
+/// and the checkpoint directory before accel writes or reads its files
+/// (Accelerate's hooks of the same names), and the handle that removes one.
+#ifndef ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+#define ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::ckpt {
+
+/// The prepared models, in prepare() order. A hook may erase entries: accel
+/// then neither writes (save) nor reads (load) those models' files, and the
+/// hook saves or loads them itself; it may write or read its own files in dir.
+using ModelList = std::vector<std::shared_ptr<torch::nn::Module>>;
+/// save: dir is where the checkpoint is being assembled (committed with
+/// accel's files, atomically); load: the checkpoint directory being read.
+using StatePreHook = std::function<void(ModelList& models, const std::filesystem::path& dir)>;
+
+/// Removes the hook it was returned for (as torch.utils.hooks.RemovableHandle);
+/// harmless twice, or after the Accelerator is gone.
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  RemovableHandle(std::weak_ptr<std::map<int, StatePreHook>> table, int id) : table_(std::move(table)), id_(id) {}
+  void remove() {
+    if (auto t = table_.lock()) t->erase(id_);
+  }
+
+ private:
+  std::weak_ptr<std::map<int, StatePreHook>> table_;
+  int id_ = -1;
+};
+
+/// Hooks of one kind, run in registration order.
+class StatePreHooks {
+ public:
+  RemovableHandle add(StatePreHook hook) {
+    ACCEL_CHECK(static_cast<bool>(hook), "accel: a state pre-hook must be callable (got an empty std::function).");
+    const int id = next_++;
+    table_->emplace(id, std::move(hook));
+    return {table_, id};
+  }
+
+  /// Runs every hook on a copy of `models`; returns the indices of the
+  /// models a hook erased. `what` names the call in errors.
+  std::set<std::size_t> run(const ModelList& models, const std::filesystem::path& dir, const char* what) const {
+    if (table_->empty()) return {};
+    ModelList kept = models;
+    for (const auto& [id, hook] : *table_) hook(kept, dir);
+    for (const auto& m : kept)
+      ACCEL_CHECK(std::find(models.begin(), models.end(), m) != models.end(), "accel: a ", what,
+                  " pre-hook put a model into the list that is not a prepared model of this "
+                  "Accelerator. A hook may only erase entries (and save or load those models itself).");
+    std::set<std::size_t> erased;
+    for (std::size_t i = 0; i < models.size(); ++i)
+      if (std::find(kept.begin(), kept.end(), models[i]) == kept.end()) erased.insert(i);
+    return erased;
+  }
+
+ private:
+  std::shared_ptr<std::map<int, StatePreHook>> table_ = std::make_shared<std::map<int, StatePreHook>>();
+  int next_ = 0;
+};
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+// end <accel/checkpoint/state_hooks.hpp>
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -10306,6 +11020,10 @@ struct StateRegistry {
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
   bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
   double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
+  StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
+  /// During one save_state()/load_state(): the models its pre-hooks took
+  /// out of accel's hands (their files are not written / not read).
+  std::set<std::size_t> models_skipped;
 
   template <class M>
   void add_model(const M& model) {
@@ -10469,10 +11187,23 @@ inline std::string comm_hook_file(std::size_t i, int rank) {
   return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
+/// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
+class SkippedModels {
+ public:
+  explicit SkippedModels(StateRegistry& reg) : reg_(reg) { reg_.models_skipped.clear(); }
+  SkippedModels(const SkippedModels&) = delete;
+  SkippedModels& operator=(const SkippedModels&) = delete;
+  ~SkippedModels() { reg_.models_skipped.clear(); }
+
+ private:
+  StateRegistry& reg_;
+};
+
 /// The files the main process writes and every process reads.
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
-  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  for (std::size_t i = 0; i < reg.models.size(); ++i)
+    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
   if (!reg.optimizer_per_rank)
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
@@ -10504,6 +11235,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   Checksums sums;
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
       const std::string name = indexed_name("model", i, ".safetensors");
       sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");
@@ -10674,6 +11406,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   std::error_code ec;
   for (const auto& f : files)
     if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    const auto skipped = s.meta.find("models_skipped");
+    const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
+                                 std::find(skipped->begin(), skipped->end(), i) != skipped->end();
+    ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
+                "' holds no file for model ", i, ": a save_state pre-hook took it out when it was "
+                "written (and saved it its own way). Register a load_state pre-hook that erases "
+                "it from the list and loads it the same way.");
+  }
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
               ". Load a directory written completely by save_state().");
 
@@ -10698,7 +11439,9 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     return it->second;
   };
 
+  s.models.resize(reg.models.size());
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
     const std::string name = indexed_name("model", i, ".safetensors");
     const fs::path f = dir / name;
     auto contents = read_safetensors(f);  // checks the data against the header's checksum
@@ -10710,8 +11453,8 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                   have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
                   to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
     }
-    s.models.push_back(std::move(contents.tensors));
-    check_model(s.models.back(), *reg.models[i], f);
+    s.models[i] = std::move(contents.tensors);
+    check_model(s.models[i], *reg.models[i], f);
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
@@ -10916,7 +11659,9 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     if (main) fs::remove_all(stage, ec);
   };
   Checksums sums;
+  const SkippedModels skipped(reg);
   try {
+    reg.models_skipped = reg.save_pre_hooks.run(reg.models, stage, "save_state");
     sums = write_process_files(reg, stage, rank);
   } catch (...) {
     err = std::current_exception();
@@ -10940,6 +11685,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"optimizer_steps", reg.state->optimizer_steps},
           {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
           {"models", reg.models.size()},
+          {"models_skipped", reg.models_skipped},
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
           {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
@@ -11000,6 +11746,7 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   {
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;
       std::map<std::string, torch::Tensor> by_name(s.models[i].begin(), s.models[i].end());
       for (auto& [key, t] : module_state(*reg.models[i])) {
         torch::Tensor target_tensor = t;
@@ -11028,6 +11775,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   std::optional<int64_t> number;
   std::exception_ptr err;
   ReadState s;
+  const SkippedModels skipped(reg);
   try {
     if (dir) {
       target = normal_dir(*dir);
@@ -11039,7 +11787,9 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
       target = all.back().second;
       number = all.back().first;
     }
-    s = read_state(reg, readable_checkpoint(target));
+    const auto readable = readable_checkpoint(target);
+    reg.models_skipped = reg.load_pre_hooks.run(reg.models, readable, "load_state");
+    s = read_state(reg, readable);
   } catch (...) {
     err = std::current_exception();
   }
@@ -11119,7 +11869,9 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
     std::exception_ptr err;
     ReadState s;
+    const SkippedModels skipped(reg);
     try {
+      reg.models_skipped = reg.load_pre_hooks.run(reg.models, dir, "load_state");
       s = read_state(reg, dir);
     } catch (...) {
       err = std::current_exception();
@@ -11432,6 +12184,87 @@ inline torch::Tensor pad_across_processes(runtime::Communicator& comm, const tor
 
 #endif  // ACCEL_OPS_COLLECTIVES_HPP
 // end <accel/ops/collectives.hpp>
+// begin <accel/ops/join.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines ops::Join, what Accelerator::join_uneven_inputs() returns:
+/// ranks with fewer batches than the others finish training without a hang
+/// (as torch.distributed.algorithms.Join with DDP and ZeroRedundancyOptimizer).
+#ifndef ACCEL_OPS_JOIN_HPP
+#define ACCEL_OPS_JOIN_HPP
+
+#include <exception>
+#include <memory>
+#include <utility>
+#include <vector>
+
+
+namespace accel::ops {
+
+/// RAII: while it lives, every communicating forward of a guarded model and
+/// every prepared optimizer's step() first tells the other ranks (one
+/// all-gather of one number). When this rank's data ends, the guard's end
+/// (destructor, or finish()) repeats what the other ranks do — the buffer
+/// broadcast and gradient reductions of their forward and backward, with
+/// zero gradients, and each optimizer step with the gradients so averaged
+/// (loss-scaler agreement and ZeRO's all-gather included) — until every
+/// rank is out of data. So every rank makes the same updates: the replicas,
+/// and their optimizer states, stay equal. Gradients are divided by the
+/// whole world size, ranks out of data counting as zeros (torch's default,
+/// divide_by_initial_world_size=True).
+class Join {
+ public:
+  Join(std::shared_ptr<accel::detail::TrainingState> state, std::vector<accel::detail::JoinState::Model> models)
+      : state_(std::move(state)), exceptions_(std::uncaught_exceptions()) {
+    ACCEL_CHECK(state_->join == nullptr, "accel: join_uneven_inputs() while another "
+                "join_uneven_inputs() guard of this Accelerator lives. Use one guard, listing "
+                "every model.");
+    state_->join = std::make_shared<accel::detail::JoinState>(state_->comm, std::move(models));
+  }
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+
+  /// Leaving the training loop by an exception does not shadow anything:
+  /// the other ranks then see this rank fail (the launcher stops them).
+  ~Join() noexcept(false) {
+    if (done_) return;
+    if (std::uncaught_exceptions() > exceptions_) {
+      state_->join.reset();
+      return;
+    }
+    finish();
+  }
+
+  /// This rank is out of data: repeats the other ranks' collectives until
+  /// every rank is; then the guard is over.
+  void finish() {
+    if (done_) return;
+    done_ = true;
+    auto join = state_->join;
+    try {
+      for (auto slot = join->next_slot(); slot != accel::detail::JoinState::kJoined; slot = join->next_slot()) {
+        const auto s = static_cast<std::size_t>(slot);
+        if (s < join->num_models())
+          join->model(s).shadow();
+        else
+          state_->optimizer_shadows.at(s - join->num_models())(*state_);
+      }
+    } catch (...) {
+      state_->join.reset();
+      throw;
+    }
+    state_->join.reset();
+  }
+
+ private:
+  std::shared_ptr<accel::detail::TrainingState> state_;
+  int exceptions_;
+  bool done_ = false;
+};
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_JOIN_HPP
+// end <accel/ops/join.hpp>
 // begin <accel/ops/objects.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the object collectives gather_object / broadcast_object over
@@ -11937,6 +12770,7 @@ inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12048,6 +12882,9 @@ class BucketReduction {
   /// The round is about to close (finalize, or a second backward reaching a
   /// gradient that is already being reduced).
   virtual void before_close() {}
+  /// Bytes of bucket `bucket`'s gradients (before a hook compresses them),
+  /// shown in profile() traces.
+  virtual int64_t bucket_bytes(std::size_t /*bucket*/) const { return 0; }
 };
 
 struct RoundOptions {
@@ -12095,6 +12932,7 @@ class BucketRound {
     params_of_ = plan.buckets;
     pending_.resize(params_of_.size());
     work_.assign(params_of_.size(), nullptr);
+    trace_id_.assign(params_of_.size(), -1);
     reset();
   }
 
@@ -12115,12 +12953,24 @@ class BucketRound {
     ++rounds_;
   }
 
+  /// Closes a round that no backward started: every bucket with its
+  /// parameters' current gradients (join_uneven_inputs' zero contribution).
+  void close_without_backward() {
+    started_ = true;
+    close();
+  }
+
   /// Waits for bucket b's reduction, if one is in flight.
   void complete(std::size_t b) {
     if (!work_[b]) return;
     auto w = std::move(work_[b]);
-    w->wait();
+    {
+      profiling::Span wait("accel: wait for bucket reduction", "accel.comm");
+      wait.arg("bucket", b);
+      w->wait();
+    }
     reduction_.on_reduced(b);
+    trace_finished(b);
   }
 
   bool started() const { return started_; }
@@ -12149,9 +12999,12 @@ class BucketRound {
     started_ = true;
     ready_[k] = true;
     reduction_.take_gradient(k);
-    if (--pending_[bucket_of_[k]] == 0 && options_.overlap) {
+    if (--pending_[bucket_of_[k]] == 0) trace_queued(bucket_of_[k]);
+    if (pending_[bucket_of_[k]] == 0 && options_.overlap) {
       const std::size_t before = next_launch_;
+      started_in_hook_ = true;
       launch_ready();
+      started_in_hook_ = false;
       launched_in_hooks_ += next_launch_ - before;
     }
   }
@@ -12160,9 +13013,36 @@ class BucketRound {
     while (next_launch_ < params_of_.size() && pending_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
       if (options_.max_in_flight > 0 && b >= options_.max_in_flight) complete(b - options_.max_in_flight);
+      if (trace_id_[b] < 0) trace_queued(b);  // queued by close(), not by backward
+      const int64_t started = profiling::Events::recording() ? profiling::Events::now_us() : 0;
       work_[b] = reduction_.launch_reduction(b);
+      trace_started(b, started);
+      if (!work_[b]) trace_finished(b);  // nothing to wait for (one process)
     }
   }
+
+  // profile() traces: one asynchronous span per bucket and round, from the
+  // moment its gradients are complete (queued) through the launch of its
+  // collective (started) to the moment a wait saw it done (finished). Only
+  // when recording: otherwise each costs one relaxed atomic load.
+  void trace_queued(std::size_t b) {
+    if (!profiling::Events::recording()) return;
+    trace_id_[b] = rounds_ * static_cast<int64_t>(params_of_.size()) + static_cast<int64_t>(b);
+    profiling::Events::async('b', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us(),
+                             {{"bucket", b}, {"bytes", reduction_.bucket_bytes(b)}, {"round", rounds_}});
+  }
+  void trace_started(std::size_t b, int64_t started_us) {
+    if (trace_id_[b] < 0 || !profiling::Events::recording()) return;
+    profiling::Events::async('n', "started: " + bucket_name(b), "accel.comm", trace_id_[b], started_us,
+                             {{"from", started_in_hook_ ? "backward" : "close"}});
+  }
+  void trace_finished(std::size_t b) {
+    if (trace_id_[b] < 0) return;
+    if (profiling::Events::recording())
+      profiling::Events::async('e', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us());
+    trace_id_[b] = -1;
+  }
+  static std::string bucket_name(std::size_t b) { return "reduce bucket " + std::to_string(b); }
 
   void complete_all() {
     for (std::size_t b = 0; b < work_.size(); ++b) complete(b);
@@ -12183,6 +13063,8 @@ class BucketRound {
   std::vector<std::size_t> pending_;                 ///< per bucket: parameters not ready yet
   std::vector<std::shared_ptr<runtime::Work>> work_;  ///< per bucket: its reduction in flight
   std::vector<bool> ready_;                          ///< per parameter
+  std::vector<int64_t> trace_id_;                    ///< per bucket: its open trace span, or -1
+  bool started_in_hook_ = false;                     ///< launch_ready() runs from backward
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
   int64_t rounds_ = 0;
@@ -12229,6 +13111,14 @@ class BucketReducer final : public GradientSync, private BucketReduction {
     hook_ = std::move(hook);
   }
   void finalize() override { round_.close(); }
+  void shadow_backward() override {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_)
+        if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    round_.close_without_backward();
+  }
 
   std::size_t num_buckets() const { return plan_.size(); }
   bool overlaps() const { return overlap_; }
@@ -12242,6 +13132,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
     comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
     return hook_->all_reduce(bucket, *comm_);
   }
+
+  int64_t bucket_bytes(std::size_t b) const override { return static_cast<int64_t>(buffers_[b].nbytes()); }
 
   // Points .grad at the parameter's slice of its bucket (autograd then adds
   // into the bucket); a parameter without a gradient contributes its current
@@ -12345,6 +13237,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
 
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
+  void shadow_backward() override {
+    zero_grad();  // the partition's gradients too: the reduction adds into them
+    round_.close_without_backward();
+  }
   comm::Hook* comm_hook() const override { return hook_.get(); }
   void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
     round_.check_hook_change();
@@ -12366,6 +13262,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   void after_step(bool stepped) override {
     if (!stepped || world_ == 1) return;
     reattach_parameters();
+    profiling::Span span("accel: all-gather updated parameters", "accel.comm");
     torch::NoGradGuard no_grad;
     // At most two buckets in flight (Gloo gathers into a temporary as large
     // as the bucket); every rank has the full parameters before the next forward.
@@ -12565,6 +13462,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
     return hook_->reduce_scatter(b.received, bucket, *comm_);
+  }
+
+  int64_t bucket_bytes(std::size_t index) const override {
+    return static_cast<int64_t>(buckets_[index].flat.nbytes());
   }
 
   void on_reduced(std::size_t index) override {
@@ -13604,6 +14505,20 @@ class Accelerator {
   /// every rank must call it) is true on every rank, and clears it.
   void set_trigger() { trigger_.set(); }
   bool check_trigger() { return trigger_.check(*state_->comm); }
+
+  /// RAII, as torch's Join: ranks whose data ends before the others' (a
+  /// loader with even_batches = false, or your own) leave the loop and the
+  /// guard's end repeats the others' collectives until every rank is done;
+  /// replicas and optimizer states stay equal. Inside it, every rank with
+  /// data must run the same forward (of a model listed here) / backward /
+  /// optimizer.step() sequence; ranks that do not are an accel::Error naming
+  /// them. docs/collectives.md "Uneven inputs".
+  template <class... M>
+  [[nodiscard]] ops::Join join_uneven_inputs(PreparedModel<M>&... models) {
+    static_assert(sizeof...(M) > 0, "accel: join_uneven_inputs() needs the prepared models whose "
+                                    "gradients are synchronised in the loop it guards.");
+    return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models] { models.join_shadow(); }}...});
+  }
   /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
   /// out-of-memory error on any rank), every rank at the same size.
   template <class F>
@@ -13708,6 +14623,7 @@ class Accelerator {
   /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
+    profiling::Span span("accel: save_state", "accel.checkpoint");
     sync_registry();
     ckpt::save_state(registry_, options_, std::move(dir));
   }
@@ -13715,6 +14631,7 @@ class Accelerator {
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
+    profiling::Span span("accel: load_state", "accel.checkpoint");
     sync_registry();
     ckpt::load_state(registry_, options_, std::move(dir));
   }
@@ -13736,6 +14653,20 @@ class Accelerator {
   template <ckpt::Checkpointable T>
   void register_for_checkpointing(T& obj) {
     registry_.add_custom(obj);
+  }
+  /// Runs hook(models, dir) on every process in save_state(), after the
+  /// checkpoint directory is created and before accel writes its files; dir
+  /// is where the checkpoint is assembled (files the hook writes there are
+  /// committed with it, atomically). Models the hook erases from the list are
+  /// not written by accel: the hook saves them its own way. As Accelerate's.
+  ckpt::RemovableHandle register_save_state_pre_hook(ckpt::StatePreHook hook) {
+    return registry_.save_pre_hooks.add(std::move(hook));
+  }
+  /// Runs hook(models, dir) on every process in load_state() and
+  /// load_latest_state(), before accel reads dir; models the hook erases are
+  /// not read by accel (the hook loads them). Hooks run in registration order.
+  ckpt::RemovableHandle register_load_state_pre_hook(ckpt::StatePreHook hook) {
+    return registry_.load_pre_hooks.add(std::move(hook));
   }
 
   /// Starts the trackers (JSONL, CSV, TensorBoard; see tracking/trackers.hpp)

@@ -82,7 +82,9 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
     std::exception_ptr err;
     ReadState s;
+    const SkippedModels skipped(reg);
     try {
+      reg.models_skipped = reg.load_pre_hooks.run(reg.models, dir, "load_state");
       s = read_state(reg, dir);
     } catch (...) {
       err = std::current_exception();

@@ -105,7 +105,9 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     if (main) fs::remove_all(stage, ec);
   };
   Checksums sums;
+  const SkippedModels skipped(reg);
   try {
+    reg.models_skipped = reg.save_pre_hooks.run(reg.models, stage, "save_state");
     sums = write_process_files(reg, stage, rank);
   } catch (...) {
     err = std::current_exception();
@@ -129,6 +131,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"optimizer_steps", reg.state->optimizer_steps},
           {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
           {"models", reg.models.size()},
+          {"models_skipped", reg.models_skipped},
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
           {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
@@ -189,6 +192,7 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   {
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;
       std::map<std::string, torch::Tensor> by_name(s.models[i].begin(), s.models[i].end());
       for (auto& [key, t] : module_state(*reg.models[i])) {
         torch::Tensor target_tensor = t;
@@ -217,6 +221,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   std::optional<int64_t> number;
   std::exception_ptr err;
   ReadState s;
+  const SkippedModels skipped(reg);
   try {
     if (dir) {
       target = normal_dir(*dir);
@@ -228,7 +233,9 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
       target = all.back().second;
       number = all.back().first;
     }
-    s = read_state(reg, readable_checkpoint(target));
+    const auto readable = readable_checkpoint(target);
+    reg.models_skipped = reg.load_pre_hooks.run(reg.models, readable, "load_state");
+    s = read_state(reg, readable);
   } catch (...) {
     err = std::current_exception();
   }

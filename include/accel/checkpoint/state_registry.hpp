@@ -6,6 +6,7 @@
 #define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
 
 #include <accel/checkpoint/detail/optimizer_keys.hpp>
+#include <accel/checkpoint/state_hooks.hpp>
 #include <accel/data/loader_options.hpp>
 #include <accel/data/data_loader.hpp>
 #include <accel/detail/training_state.hpp>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -209,6 +211,10 @@ struct StateRegistry {
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
   bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
   double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
+  StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
+  /// During one save_state()/load_state(): the models its pre-hooks took
+  /// out of accel's hands (their files are not written / not read).
+  std::set<std::size_t> models_skipped;
 
   template <class M>
   void add_model(const M& model) {

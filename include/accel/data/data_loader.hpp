@@ -14,6 +14,7 @@
 #include <accel/data/loader_state.hpp>
 #include <accel/data/to_device.hpp>
 #include <accel/errors.hpp>
+#include <accel/profiling/events.hpp>
 #include <accel/runtime/heartbeat.hpp>
 
 #include <torch/types.h>
@@ -229,6 +230,7 @@ class DataLoader<Dataset, Collate>::Run {
       return false;
     }
     current_.reset();
+    profiling::Span span("accel: data loading", "accel.data");
     batch_type batch = prefetcher_ ? prefetcher_->get(next_) : produce(next_);
     if (device_) batch = to_device(std::move(batch), *device_, non_blocking_);
     current_.emplace(std::move(batch));

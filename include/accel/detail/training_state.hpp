@@ -6,11 +6,13 @@
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include <accel/detail/join_state.hpp>
 #include <accel/errors.hpp>
 #include <accel/precision/loss_scaler.hpp>
 #include <accel/runtime/communicator.hpp>
@@ -40,6 +42,11 @@ struct TrainingState {
   /// optimizer may outlive the Accelerator, and must then say so.
   std::weak_ptr<precision::LossScaler> scaler;
   bool loss_scaling = false;
+  /// join_uneven_inputs(): the live guard's state (null outside one).
+  std::shared_ptr<JoinState> join;
+  /// Each prepared optimizer's step as a rank out of data repeats it under
+  /// join_uneven_inputs() (prepare() order; AcceleratedOptimizer adds it).
+  std::vector<std::function<void(TrainingState&)>> optimizer_shadows;
 
   /// sync_gradients, shared with the gradient syncs of prepared models.
   static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {

@@ -97,8 +97,15 @@ class PreparedModel {
   template <class... A>
   auto operator()(A&&... args) {
     sync_->before_forward();
-    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
-      broadcast_buffers();
+    const bool buffers = state_->comm->size() > 1 && !buffers_.empty() && get()->is_training();
+    // Under join_uneven_inputs(), a forward that communicates (now, or in its
+    // backward) first tells the ranks that ran out of data, which repeat it.
+    if (state_->join) {
+      const bool reduce = torch::GradMode::is_enabled() && sync_->sync_now();
+      if (const auto i = state_->join->model_index(sync_.get()); i >= 0 && (buffers || reduce))
+        state_->join->announce({accel::detail::JoinState::Action::kForward, static_cast<std::size_t>(i), buffers, reduce});
+    }
+    if (buffers) broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
     if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
       get()->forward(std::forward<A>(args)...);
@@ -117,6 +124,13 @@ class PreparedModel {
   M& module() { return model_; }
   const M& module() const { return model_; }
   shard::detail::GradientSync& gradient_sync() const { return *sync_; }
+
+  /// join_uneven_inputs() on a rank out of data, while the others run this
+  /// model's forward and backward: the same collectives, with zero gradients.
+  void join_shadow(bool buffers, bool reduce) {
+    if (buffers) broadcast_buffers();
+    if (reduce) sync_->shadow_backward();
+  }
 
  private:
   // Buffers (BatchNorm statistics) follow rank 0 before each training forward,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::profiling::Trace, what Accelerator::profile returns:
-/// LibTorch's operators on this process, recorded while it lives and written
+/// LibTorch's operators and accel's own events (profiling::Events) on this
+/// process, recorded while it lives and written
 /// as a Chrome trace (trace_dir/trace_rank<r>.json); merge_traces puts the
 /// ranks' files into one trace with a track per rank.
 #ifndef ACCEL_PROFILING_TRACE_HPP
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <accel/errors.hpp>
+#include <accel/profiling/events.hpp>
 
 namespace accel::profiling {
 
@@ -42,13 +45,36 @@ inline void write_json_atomic(const std::filesystem::path& file, const nlohmann:
   std::filesystem::rename(tmp, file);
 }
 
+/// Drops the asynchronous spans that recording cut in half (begun before it
+/// started or ended after it stopped): every "b" has its "e" in the file.
+inline nlohmann::json matched_spans(nlohmann::json events) {
+  std::set<std::pair<std::string, int64_t>> begun, ended;
+  for (const auto& e : events) {
+    const auto ph = e["ph"].get<std::string>();
+    if (ph == "b") begun.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+    if (ph == "e") ended.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+  }
+  nlohmann::json kept = nlohmann::json::array();
+  for (auto& e : events) {
+    const auto ph = e["ph"].get<std::string>();
+    if (ph == "b" || ph == "n" || ph == "e") {
+      const std::pair key{e["cat"].get<std::string>(), e["id"].get<int64_t>()};
+      if (!begun.count(key) || !ended.count(key)) continue;
+    }
+    kept.push_back(std::move(e));
+  }
+  return kept;
+}
+
 }  // namespace detail
 
 /// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
 /// for this process) records while the Trace lives. stop() or the destructor
 /// writes trace_dir/trace_rank<r>.json in the Chrome trace event format
-/// (complete "X" events; pid = rank; timestamps in microseconds since the
-/// epoch, so the ranks' files line up when merged). Movable, not copyable.
+/// (operators and accel's scopes as complete "X" events, bucket reductions as
+/// asynchronous "b"/"n"/"e" spans; pid = rank; timestamps in microseconds
+/// since the epoch, so the ranks' files line up when merged). One per process
+/// at a time. Movable, not copyable.
 class Trace {
  public:
   Trace(std::filesystem::path trace_dir, int rank)
@@ -82,9 +108,16 @@ class Trace {
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count())) {
       std::filesystem::create_directories(dir);
-      recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+      Events::start();
+      try {
+        recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+      } catch (...) {
+        Events::stop();
+        throw;
+      }
     }
     void finish() {
+      auto own = Events::stop();
       recorder.reset();  // stops the profiler and writes its events into raw
       auto events = nlohmann::json::parse(raw.str());
       nlohmann::json out = nlohmann::json::array();
@@ -93,6 +126,10 @@ class Trace {
       for (auto& e : events) {
         e["pid"] = rank;
         e["ts"] = e.value("ts", 0.0) + start_us;
+        out.push_back(std::move(e));
+      }
+      for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
+        e["pid"] = rank;
         out.push_back(std::move(e));
       }
       detail::write_json_atomic(file, out);

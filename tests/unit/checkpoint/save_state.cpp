@@ -459,6 +459,82 @@ TEST_CASE("register_for_checkpointing: modules, optimizers, schedulers, state_di
   CHECK(torch::equal(bag.v[1], torch::ones({2, 2})));
 }
 
+TEST_CASE("save_state/load_state pre-hooks: a hook adds its own file and saves one model itself",
+          "[checkpoint][save_state][hooks]") {
+  const auto root = scratch("hooks");
+  const auto dir = root / "ckpt";
+  accel::Accelerator<> acc;
+  torch::manual_seed(3);
+  torch::nn::Linear base(4, 3), adapter(3, 2);
+  auto [m_base, m_adapter] = acc.prepare(base, adapter);
+  const auto base_w = base->weight.detach().clone();
+  const auto adapter_w = adapter->weight.detach().clone();
+
+  // Save: the hook sees both models and the directory being assembled, writes
+  // a file of its own there and saves the adapter itself (as PEFT users do).
+  fs::path save_dir_seen;
+  auto save_hook = acc.register_save_state_pre_hook([&](accel::ckpt::ModelList& models, const fs::path& d) {
+    REQUIRE(models.size() == 2);
+    save_dir_seen = d;
+    std::ofstream(d / "extra.txt") << "written by the hook";
+    torch::save(adapter->weight.detach().clone(), (d / "adapter.pt").string());
+    models.erase(models.begin() + 1);
+  });
+  acc.save_state(dir);
+  CHECK(save_dir_seen == fs::path(dir.string() + ".accel-tmp"));  // committed with the rest
+  CHECK(fs::is_regular_file(dir / "extra.txt"));
+  CHECK(fs::is_regular_file(dir / "adapter.pt"));
+  CHECK(fs::is_regular_file(dir / "model.safetensors"));
+  CHECK_FALSE(fs::exists(dir / "model_1.safetensors"));
+
+  torch::NoGradGuard no_grad;
+  base->weight.zero_();
+  adapter->weight.zero_();
+  // Without a load hook the skipped model is named, and nothing changes.
+  CHECK_THROWS_WITH(acc.load_state(dir), ContainsSubstring("holds no file for model 1") &&
+                                             ContainsSubstring("load_state pre-hook"));
+  CHECK(base->weight.abs().sum().item<double>() == 0);
+
+  fs::path load_dir_seen;
+  auto load_hook = acc.register_load_state_pre_hook([&](accel::ckpt::ModelList& models, const fs::path& d) {
+    load_dir_seen = d;
+    torch::Tensor w;
+    torch::load(w, (d / "adapter.pt").string());
+    adapter->weight.copy_(w);
+    models.pop_back();
+  });
+  acc.load_state(dir);
+  CHECK(load_dir_seen == dir);
+  CHECK(torch::equal(base->weight, base_w));
+  CHECK(torch::equal(adapter->weight, adapter_w));
+
+  // Removed hooks no longer run: accel saves and loads both models again.
+  save_hook.remove();
+  load_hook.remove();
+  save_hook.remove();  // harmless twice
+  const auto dir2 = root / "ckpt2";
+  acc.save_state(dir2);
+  CHECK(fs::is_regular_file(dir2 / "model_1.safetensors"));
+  CHECK_FALSE(fs::exists(dir2 / "extra.txt"));
+  adapter->weight.zero_();
+  acc.load_state(dir2);
+  CHECK(torch::equal(adapter->weight, adapter_w));
+
+  // A hook that fails makes save_state fail cleanly: no directory is left.
+  auto failing = acc.register_save_state_pre_hook(
+      [](accel::ckpt::ModelList&, const fs::path&) { throw std::runtime_error("hook: disk quota"); });
+  CHECK_THROWS_WITH(acc.save_state(root / "ckpt3"), ContainsSubstring("hook: disk quota"));
+  CHECK_FALSE(fs::exists(root / "ckpt3"));
+  CHECK_FALSE(fs::exists(root / "ckpt3.accel-tmp"));
+  failing.remove();
+  // A hook may only take models out.
+  auto stranger = acc.register_save_state_pre_hook([](accel::ckpt::ModelList& models, const fs::path&) {
+    models.push_back(std::make_shared<torch::nn::LinearImpl>(1, 1));
+  });
+  CHECK_THROWS_WITH(acc.save_state(root / "ckpt4"),
+                    ContainsSubstring("not a prepared model of this Accelerator"));
+}
+
 TEST_CASE("the loss scaler's scale and growth tracker are saved", "[checkpoint][save_state][scaler]") {
   // precision::Fp16 needs CUDA; the registry is driven directly on CPU.
   const auto dir = scratch("scaler") / "ckpt";

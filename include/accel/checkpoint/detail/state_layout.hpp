@@ -128,10 +128,23 @@ inline std::string comm_hook_file(std::size_t i, int rank) {
   return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
+/// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
+class SkippedModels {
+ public:
+  explicit SkippedModels(StateRegistry& reg) : reg_(reg) { reg_.models_skipped.clear(); }
+  SkippedModels(const SkippedModels&) = delete;
+  SkippedModels& operator=(const SkippedModels&) = delete;
+  ~SkippedModels() { reg_.models_skipped.clear(); }
+
+ private:
+  StateRegistry& reg_;
+};
+
 /// The files the main process writes and every process reads.
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
-  for (std::size_t i = 0; i < reg.models.size(); ++i) files.push_back(indexed_name("model", i, ".safetensors"));
+  for (std::size_t i = 0; i < reg.models.size(); ++i)
+    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
   if (!reg.optimizer_per_rank)
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
@@ -163,6 +176,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   Checksums sums;
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
       const std::string name = indexed_name("model", i, ".safetensors");
       sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");

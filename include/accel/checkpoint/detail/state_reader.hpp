@@ -94,6 +94,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   std::error_code ec;
   for (const auto& f : files)
     if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    const auto skipped = s.meta.find("models_skipped");
+    const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
+                                 std::find(skipped->begin(), skipped->end(), i) != skipped->end();
+    ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
+                "' holds no file for model ", i, ": a save_state pre-hook took it out when it was "
+                "written (and saved it its own way). Register a load_state pre-hook that erases "
+                "it from the list and loads it the same way.");
+  }
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
               ". Load a directory written completely by save_state().");
 
@@ -118,7 +127,9 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     return it->second;
   };
 
+  s.models.resize(reg.models.size());
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
     const std::string name = indexed_name("model", i, ".safetensors");
     const fs::path f = dir / name;
     auto contents = read_safetensors(f);  // checks the data against the header's checksum
@@ -130,8 +141,8 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                   have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
                   to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
     }
-    s.models.push_back(std::move(contents.tensors));
-    check_model(s.models.back(), *reg.models[i], f);
+    s.models[i] = std::move(contents.tensors);
+    check_model(s.models[i], *reg.models[i], f);
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {

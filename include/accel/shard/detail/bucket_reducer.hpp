@@ -51,6 +51,14 @@ class BucketReducer final : public GradientSync, private BucketReduction {
     hook_ = std::move(hook);
   }
   void finalize() override { round_.close(); }
+  void shadow_backward() override {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params_)
+        if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    round_.close_without_backward();
+  }
 
   std::size_t num_buckets() const { return plan_.size(); }
   bool overlaps() const { return overlap_; }
@@ -64,6 +72,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
     comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
     return hook_->all_reduce(bucket, *comm_);
   }
+
+  int64_t bucket_bytes(std::size_t b) const override { return static_cast<int64_t>(buffers_[b].nbytes()); }
 
   // Points .grad at the parameter's slice of its bucket (autograd then adds
   // into the bucket); a parameter without a gradient contributes its current

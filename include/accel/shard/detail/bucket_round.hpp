@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include <accel/errors.hpp>
+#include <accel/profiling/events.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/accumulator_hooks.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
@@ -39,6 +41,9 @@ class BucketReduction {
   /// The round is about to close (finalize, or a second backward reaching a
   /// gradient that is already being reduced).
   virtual void before_close() {}
+  /// Bytes of bucket `bucket`'s gradients (before a hook compresses them),
+  /// shown in profile() traces.
+  virtual int64_t bucket_bytes(std::size_t /*bucket*/) const { return 0; }
 };
 
 struct RoundOptions {
@@ -86,6 +91,7 @@ class BucketRound {
     params_of_ = plan.buckets;
     pending_.resize(params_of_.size());
     work_.assign(params_of_.size(), nullptr);
+    trace_id_.assign(params_of_.size(), -1);
     reset();
   }
 
@@ -106,12 +112,24 @@ class BucketRound {
     ++rounds_;
   }
 
+  /// Closes a round that no backward started: every bucket with its
+  /// parameters' current gradients (join_uneven_inputs' zero contribution).
+  void close_without_backward() {
+    started_ = true;
+    close();
+  }
+
   /// Waits for bucket b's reduction, if one is in flight.
   void complete(std::size_t b) {
     if (!work_[b]) return;
     auto w = std::move(work_[b]);
-    w->wait();
+    {
+      profiling::Span wait("accel: wait for bucket reduction", "accel.comm");
+      wait.arg("bucket", b);
+      w->wait();
+    }
     reduction_.on_reduced(b);
+    trace_finished(b);
   }
 
   bool started() const { return started_; }
@@ -140,9 +158,12 @@ class BucketRound {
     started_ = true;
     ready_[k] = true;
     reduction_.take_gradient(k);
-    if (--pending_[bucket_of_[k]] == 0 && options_.overlap) {
+    if (--pending_[bucket_of_[k]] == 0) trace_queued(bucket_of_[k]);
+    if (pending_[bucket_of_[k]] == 0 && options_.overlap) {
       const std::size_t before = next_launch_;
+      started_in_hook_ = true;
       launch_ready();
+      started_in_hook_ = false;
       launched_in_hooks_ += next_launch_ - before;
     }
   }
@@ -151,9 +172,36 @@ class BucketRound {
     while (next_launch_ < params_of_.size() && pending_[next_launch_] == 0) {
       const std::size_t b = next_launch_++;
       if (options_.max_in_flight > 0 && b >= options_.max_in_flight) complete(b - options_.max_in_flight);
+      if (trace_id_[b] < 0) trace_queued(b);  // queued by close(), not by backward
+      const int64_t started = profiling::Events::recording() ? profiling::Events::now_us() : 0;
       work_[b] = reduction_.launch_reduction(b);
+      trace_started(b, started);
+      if (!work_[b]) trace_finished(b);  // nothing to wait for (one process)
     }
   }
+
+  // profile() traces: one asynchronous span per bucket and round, from the
+  // moment its gradients are complete (queued) through the launch of its
+  // collective (started) to the moment a wait saw it done (finished). Only
+  // when recording: otherwise each costs one relaxed atomic load.
+  void trace_queued(std::size_t b) {
+    if (!profiling::Events::recording()) return;
+    trace_id_[b] = rounds_ * static_cast<int64_t>(params_of_.size()) + static_cast<int64_t>(b);
+    profiling::Events::async('b', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us(),
+                             {{"bucket", b}, {"bytes", reduction_.bucket_bytes(b)}, {"round", rounds_}});
+  }
+  void trace_started(std::size_t b, int64_t started_us) {
+    if (trace_id_[b] < 0 || !profiling::Events::recording()) return;
+    profiling::Events::async('n', "started: " + bucket_name(b), "accel.comm", trace_id_[b], started_us,
+                             {{"from", started_in_hook_ ? "backward" : "close"}});
+  }
+  void trace_finished(std::size_t b) {
+    if (trace_id_[b] < 0) return;
+    if (profiling::Events::recording())
+      profiling::Events::async('e', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us());
+    trace_id_[b] = -1;
+  }
+  static std::string bucket_name(std::size_t b) { return "reduce bucket " + std::to_string(b); }
 
   void complete_all() {
     for (std::size_t b = 0; b < work_.size(); ++b) complete(b);
@@ -174,6 +222,8 @@ class BucketRound {
   std::vector<std::size_t> pending_;                 ///< per bucket: parameters not ready yet
   std::vector<std::shared_ptr<runtime::Work>> work_;  ///< per bucket: its reduction in flight
   std::vector<bool> ready_;                          ///< per parameter
+  std::vector<int64_t> trace_id_;                    ///< per bucket: its open trace span, or -1
+  bool started_in_hook_ = false;                     ///< launch_ready() runs from backward
   std::size_t next_launch_ = 0;
   std::size_t launched_in_hooks_ = 0;
   int64_t rounds_ = 0;

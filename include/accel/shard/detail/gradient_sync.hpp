@@ -35,6 +35,10 @@ class GradientSync {
   /// Before each forward of the prepared model: re-attach what the user may
   /// have detached since (Module::load replaces gradient accumulators).
   virtual void before_forward() {}
+  /// join_uneven_inputs() on a rank out of data, while the others run a
+  /// backward: contribute zero gradients to every bucket's reduction, in the
+  /// same order, and wait (afterwards the gradients are the others' average).
+  virtual void shadow_backward() {}
   /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
   /// Accelerator::register_comm_hook); null where nothing is communicated.
   virtual comm::Hook* comm_hook() const { return nullptr; }

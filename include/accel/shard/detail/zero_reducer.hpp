@@ -16,6 +16,7 @@
 #include <accel/comm/grad_bucket.hpp>
 #include <accel/comm/hook.hpp>
 #include <accel/errors.hpp>
+#include <accel/profiling/events.hpp>
 #include <accel/runtime/communicator.hpp>
 #include <accel/shard/detail/bucket_plan.hpp>
 #include <accel/shard/detail/bucket_round.hpp>
@@ -61,6 +62,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
 
   void before_forward() override { round_.refresh_hooks(); }
   void finalize() override { round_.close(); }
+  void shadow_backward() override {
+    zero_grad();  // the partition's gradients too: the reduction adds into them
+    round_.close_without_backward();
+  }
   comm::Hook* comm_hook() const override { return hook_.get(); }
   void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
     round_.check_hook_change();
@@ -82,6 +87,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   void after_step(bool stepped) override {
     if (!stepped || world_ == 1) return;
     reattach_parameters();
+    profiling::Span span("accel: all-gather updated parameters", "accel.comm");
     torch::NoGradGuard no_grad;
     // At most two buckets in flight (Gloo gathers into a temporary as large
     // as the bucket); every rank has the full parameters before the next forward.
@@ -281,6 +287,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
     return hook_->reduce_scatter(b.received, bucket, *comm_);
+  }
+
+  int64_t bucket_bytes(std::size_t index) const override {
+    return static_cast<int64_t>(buckets_[index].flat.nbytes());
   }
 
   void on_reduced(std::size_t index) override {

@@ -1,9 +1,9 @@
-// 080 — activation checkpointing: a deep residual MLP trained with each block
+// 081 — activation checkpointing: a deep residual MLP trained with each block
 // under accel::checkpoint (through checkpoint_sequential) follows exactly the
 // same trajectory as without, with dropout and bf16 autocast: backward
 // recomputes each block with the random state and the precision of its
 // forward. The price is one more forward per step.
-// Run: ./build/examples/080-activation-checkpointing
+// Run: ./build/examples/081-activation-checkpointing
 // Expected output (the times differ on another machine):
 //   step 0: loss 1.38249 (checkpointed) vs 1.38249 (plain)
 //   ...
