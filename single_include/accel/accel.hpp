@@ -9626,7 +9626,8 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::detail::JoinState, what a live join_uneven_inputs()
 /// guard shares with the prepared models and optimizers: before each
-/// communicating forward of a guarded model and each optimizer step, every
+/// communicating forward of a guarded model (a buffer broadcast, or a
+/// backward that reduces gradients) and each optimizer step, every
 /// rank says what it is about to do (one all-gather of one number), so that a
 /// rank that ran out of data can repeat the others' collectives, and ranks
 /// that do different things are an error naming them.
@@ -9636,6 +9637,7 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -9723,37 +9725,57 @@ namespace accel::detail {
 class JoinState {
  public:
   /// A guarded model: its gradient sync, and what a joined rank does while
-  /// the others run its forward and backward (broadcast buffers, reduce
-  /// zero gradients).
+  /// the others run its forward (and backward): broadcast the buffers when
+  /// they do, reduce zero gradients when their backward reduces.
   struct Model {
     const shard::detail::GradientSync* sync;
-    std::function<void()> shadow;
+    std::function<void(bool buffers, bool reduce)> shadow;
   };
-  static constexpr int64_t kJoined = -1;  ///< what a rank out of data announces
+  /// What the ranks with data are about to do; a rank out of data announces
+  /// kJoined instead.
+  struct Action {
+    enum Kind : int64_t { kForward = 0, kStep = 1 };
+    Kind kind;
+    std::size_t index;     ///< guarded model (kForward) or prepared optimizer (kStep)
+    bool buffers = false;  ///< kForward: the forward broadcasts buffers
+    bool reduce = false;   ///< kForward: its backward reduces gradients (a sync step)
+  };
+  static constexpr int64_t kJoined = -1;
 
   JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
       : comm_(std::move(comm)), models_(std::move(models)) {}
 
-  /// Slot of a guarded model's forward (-1: the model is not guarded).
-  int64_t model_slot(const shard::detail::GradientSync* sync) const {
+  /// Index of a guarded model (-1: the model is not guarded).
+  int64_t model_index(const shard::detail::GradientSync* sync) const {
     for (std::size_t i = 0; i < models_.size(); ++i)
       if (models_[i].sync == sync) return static_cast<int64_t>(i);
     return -1;
   }
-  /// Slot of the step of prepared optimizer `index` (prepare() order).
-  int64_t optimizer_slot(std::size_t index) const { return static_cast<int64_t>(models_.size() + index); }
-  std::size_t num_models() const { return models_.size(); }
   const Model& model(std::size_t i) const { return models_[i]; }
 
-  /// An active rank, before the collectives of `slot`: every rank must be
+  /// A rank with data, before the collectives of `action`: every rank must be
   /// about to do the same, or be out of data.
-  void announce(int64_t slot) { (void)exchange(slot); }
+  void announce(const Action& action) { (void)exchange(encode(action)); }
 
-  /// A rank out of data: the slot the active ranks are about to run, or
-  /// kJoined once every rank is out of data.
-  int64_t next_slot() { return exchange(kJoined); }
+  /// A rank out of data: what the ranks with data are about to do, or
+  /// nothing once every rank is out of data.
+  std::optional<Action> next_action() {
+    const auto v = exchange(kJoined);
+    if (v == kJoined) return std::nullopt;
+    return decode(v);
+  }
 
  private:
+  // index << 3 | step << 2 | reduce << 1 | buffers: one int64 per rank.
+  static int64_t encode(const Action& a) {
+    return static_cast<int64_t>(a.index) << 3 | (a.kind == Action::kStep ? 4 : 0) | (a.reduce ? 2 : 0) |
+           (a.buffers ? 1 : 0);
+  }
+  static Action decode(int64_t v) {
+    return Action{(v & 4) ? Action::kStep : Action::kForward, static_cast<std::size_t>(v >> 3), (v & 1) != 0,
+                  (v & 2) != 0};
+  }
+
   int64_t exchange(int64_t mine) {
     const int world = comm_->size();
     auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
@@ -9779,11 +9801,12 @@ class JoinState {
     return running;
   }
 
-  std::string describe(int64_t slot) const {
-    if (slot == kJoined) return "out of data (joined)";
-    if (slot < static_cast<int64_t>(models_.size()))
-      return "forward of guarded model " + std::to_string(slot);
-    return "step() of prepared optimizer " + std::to_string(slot - static_cast<int64_t>(models_.size()));
+  static std::string describe(int64_t v) {
+    if (v == kJoined) return "out of data (joined)";
+    const auto a = decode(v);
+    if (a.kind == Action::kStep) return "step() of prepared optimizer " + std::to_string(a.index);
+    return "forward of guarded model " + std::to_string(a.index) +
+           (a.reduce ? "" : " without gradient sync") + (a.buffers ? " (broadcasting buffers)" : "");
   }
 
   std::shared_ptr<runtime::Communicator> comm_;
@@ -9945,12 +9968,15 @@ class PreparedModel {
   template <class... A>
   auto operator()(A&&... args) {
     sync_->before_forward();
-    // Under join_uneven_inputs(), a forward whose backward communicates
-    // first tells the ranks that ran out of data (which repeat its collectives).
-    if (state_->join && torch::GradMode::is_enabled() && sync_->sync_now())
-      if (const auto slot = state_->join->model_slot(sync_.get()); slot >= 0) state_->join->announce(slot);
-    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
-      broadcast_buffers();
+    const bool buffers = state_->comm->size() > 1 && !buffers_.empty() && get()->is_training();
+    // Under join_uneven_inputs(), a forward that communicates (now, or in its
+    // backward) first tells the ranks that ran out of data, which repeat it.
+    if (state_->join) {
+      const bool reduce = torch::GradMode::is_enabled() && sync_->sync_now();
+      if (const auto i = state_->join->model_index(sync_.get()); i >= 0 && (buffers || reduce))
+        state_->join->announce({accel::detail::JoinState::Action::kForward, static_cast<std::size_t>(i), buffers, reduce});
+    }
+    if (buffers) broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
     if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
       get()->forward(std::forward<A>(args)...);
@@ -9972,10 +9998,9 @@ class PreparedModel {
 
   /// join_uneven_inputs() on a rank out of data, while the others run this
   /// model's forward and backward: the same collectives, with zero gradients.
-  void join_shadow() {
-    if (state_->comm->size() > 1 && !buffers_.empty() && get()->is_training())
-      broadcast_buffers();
-    sync_->shadow_backward();
+  void join_shadow(bool buffers, bool reduce) {
+    if (buffers) broadcast_buffers();
+    if (reduce) sync_->shadow_backward();
   }
 
  private:
@@ -10055,7 +10080,7 @@ class AcceleratedOptimizer {
     }
     // After the reductions: a rank out of data repeats them from the
     // announcement of the forward, before this one.
-    if (state_->join) state_->join->announce(state_->join->optimizer_slot(index_));
+    if (state_->join) state_->join->announce({accel::detail::JoinState::Action::kStep, index_});
     auto [ok, loss] = run_step(*state_, *core_, std::move(closure));
     skipped_ = !ok;
     return loss;
@@ -12241,12 +12266,11 @@ class Join {
     done_ = true;
     auto join = state_->join;
     try {
-      for (auto slot = join->next_slot(); slot != accel::detail::JoinState::kJoined; slot = join->next_slot()) {
-        const auto s = static_cast<std::size_t>(slot);
-        if (s < join->num_models())
-          join->model(s).shadow();
+      while (const auto action = join->next_action()) {
+        if (action->kind == accel::detail::JoinState::Action::kForward)
+          join->model(action->index).shadow(action->buffers, action->reduce);
         else
-          state_->optimizer_shadows.at(s - join->num_models())(*state_);
+          state_->optimizer_shadows.at(action->index)(*state_);
       }
     } catch (...) {
       state_->join.reset();
@@ -14517,7 +14541,7 @@ class Accelerator {
   [[nodiscard]] ops::Join join_uneven_inputs(PreparedModel<M>&... models) {
     static_assert(sizeof...(M) > 0, "accel: join_uneven_inputs() needs the prepared models whose "
                                     "gradients are synchronised in the loop it guards.");
-    return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models] { models.join_shadow(); }}...});
+    return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models](bool buffers, bool reduce) { models.join_shadow(buffers, reduce); }}...});
   }
   /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
   /// out-of-memory error on any rank), every rank at the same size.
