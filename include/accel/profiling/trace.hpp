@@ -7,14 +7,16 @@
 #ifndef ACCEL_PROFILING_TRACE_HPP
 #define ACCEL_PROFILING_TRACE_HPP
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <map>
 #include <set>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +68,40 @@ inline nlohmann::json matched_spans(nlohmann::json events) {
   return kept;
 }
 
+/// LibTorch's legacy profiler events as Chrome "X" events: each push matched
+/// with its pop (by handle and node, as LibTorch's RecordProfile writer
+/// does), timed from the profiler's start mark plus start_us, with the
+/// operator's input shapes in args["Input Dims"] (Kineto's name) when it had
+/// tensor inputs. A push without its pop (still open at the end) is dropped.
+inline nlohmann::json operator_events(const torch::autograd::profiler::thread_event_lists& lists, double start_us) {
+  using torch::autograd::profiler::EventKind;
+  using torch::autograd::profiler::LegacyEvent;
+  const LegacyEvent* start = nullptr;
+  std::map<std::pair<uint64_t, int64_t>, const LegacyEvent*> pushed;
+  for (const auto& list : lists)
+    for (const auto& e : list) {
+      if (e.kind() == EventKind::PushRange) pushed[{e.handle(), e.nodeId()}] = &e;
+      if (!start && e.kind() == EventKind::Mark && std::string_view(e.name()) == "__start_profile") start = &e;
+    }
+  nlohmann::json out = nlohmann::json::array();
+  if (!start) return out;  // nothing was recorded
+  for (const auto& list : lists)
+    for (const auto& e : list) {
+      if (e.kind() != EventKind::PopRange) continue;
+      const auto it = pushed.find({e.handle(), e.nodeId()});
+      if (it == pushed.end()) continue;
+      const LegacyEvent& b = *it->second;
+      nlohmann::json args = nlohmann::json::object();
+      auto shapes = b.shapes();
+      const bool any = std::any_of(shapes.begin(), shapes.end(), [](const auto& d) { return !d.empty(); });
+      if (any) args["Input Dims"] = std::move(shapes);
+      out.push_back({{"name", b.name()}, {"cat", "cpu_op"}, {"ph", "X"}, {"ts", start_us + start->cpuElapsedUs(b)},
+                     {"dur", b.cpuElapsedUs(e)}, {"tid", b.threadId()}, {"args", std::move(args)}});
+      pushed.erase(it);
+    }
+  return out;
+}
+
 }  // namespace detail
 
 /// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
@@ -110,22 +146,33 @@ class Trace {
       std::filesystem::create_directories(dir);
       Events::start();
       try {
-        recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+        // CPU operators with their input shapes (recording shapes costs a
+        // few vectors per operator: docs/profiling.md has the measured cost).
+        torch::autograd::profiler::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+            torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true));
+        recording = true;
       } catch (...) {
         Events::stop();
         throw;
       }
     }
+    ~Impl() {
+      if (!recording) return;
+      try {
+        Events::stop();
+        (void)torch::autograd::profiler::disableProfilerLegacy();
+      } catch (...) {
+      }
+    }
     void finish() {
       auto own = Events::stop();
-      recorder.reset();  // stops the profiler and writes its events into raw
-      auto events = nlohmann::json::parse(raw.str());
+      recording = false;
+      const auto lists = torch::autograd::profiler::disableProfilerLegacy();
       nlohmann::json out = nlohmann::json::array();
       out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0},
                      {"args", {{"name", "rank " + std::to_string(rank)}}}});
-      for (auto& e : events) {
+      for (auto& e : detail::operator_events(lists, start_us)) {
         e["pid"] = rank;
-        e["ts"] = e.value("ts", 0.0) + start_us;
         out.push_back(std::move(e));
       }
       for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
@@ -137,8 +184,7 @@ class Trace {
     int rank;
     std::filesystem::path file;
     double start_us;
-    std::stringstream raw;
-    std::unique_ptr<torch::autograd::profiler::RecordProfile> recorder;
+    bool recording = false;
   };
   std::unique_ptr<Impl> impl_;
 };

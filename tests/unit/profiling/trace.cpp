@@ -1,4 +1,5 @@
-// Accelerator::profile: a Chrome trace per rank with LibTorch's operators,
+// Accelerator::profile: a Chrome trace per rank with LibTorch's operators
+// (and their input shapes),
 // and merge_traces with one track per rank. No backward() runs in the test
 // process before the 2-process case forks (LibTorch 2.x refuses autograd in
 // a child forked after it).
@@ -99,14 +100,20 @@ TEST_CASE("profile: a Chrome trace with LibTorch's operators", "[profiling]") {
   accel::Accelerator<> acc;
   {
     auto trace = acc.profile(dir);
-    auto x = torch::randn({8, 8});
-    (void)torch::mm(x, x).relu();
+    auto x = torch::randn({8, 3});
+    (void)torch::mm(x, x.t()).relu();
   }
   std::set<int> pids;
-  const auto names = check_events(read(dir / "trace_rank0.json"), pids);
+  const auto events = read(dir / "trace_rank0.json");
+  const auto names = check_events(events, pids);
   CHECK(names.count("aten::mm") == 1);
   CHECK(names.count("aten::relu") == 1);
   CHECK(pids == std::set<int>{0});
+  // Operators carry their input shapes, as Kineto's traces do.
+  const auto mm = named(events, "aten::mm");
+  REQUIRE(mm.size() == 1);
+  CHECK(mm[0]["args"]["Input Dims"] == nlohmann::json::parse("[[8, 3], [3, 8]]"));
+  CHECK(named(events, "aten::relu")[0]["args"]["Input Dims"] == nlohmann::json::parse("[[8, 8]]"));
 }
 
 TEST_CASE("profile: 2 processes, merged into one trace with a track per rank", "[profiling][gloo]") {
