@@ -35,8 +35,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
                 std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
         plan_(plan_buckets(params_, bucket_bytes)),
-        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), overlap_(overlap),
-        round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
+        overlap_(overlap), round_(params_, *this, *this, RoundOptions{.overlap = overlap}, std::move(hook)) {
     for (std::size_t b = 0; b < plan_.size(); ++b) {
       buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
       views_.push_back(member_views(plan_, b, buffers_.back()));
@@ -45,11 +44,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   }
 
   void before_forward() override { round_.refresh_hooks(); }
-  comm::Hook* comm_hook() const override { return hook_.get(); }
-  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
-    round_.check_hook_change();
-    hook_ = std::move(hook);
-  }
+  comm::Hook* comm_hook() const override { return &round_.hook(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override { round_.set_hook(std::move(hook)); }
   void finalize() override { round_.close(); }
   void shadow_backward() override {
     {
@@ -70,7 +66,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
     if (comm_->size() == 1) return nullptr;
     comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
-    return hook_->all_reduce(bucket, *comm_);
+    return round_.hook().all_reduce(bucket, *comm_);
   }
 
   int64_t bucket_bytes(std::size_t b) const override { return static_cast<int64_t>(buffers_[b].nbytes()); }
@@ -96,7 +92,6 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   BucketPlan plan_;
   std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
   std::vector<std::vector<torch::Tensor>> views_;  ///< per bucket: its parameters' gradients in it
-  std::shared_ptr<comm::Hook> hook_;
   bool overlap_;
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };

@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <accel/comm/hook.hpp>
 #include <accel/errors.hpp>
 #include <accel/profiling/events.hpp>
 #include <accel/runtime/communicator.hpp>
@@ -67,9 +68,11 @@ struct RoundOptions {
 class BucketRound {
  public:
   /// sync: whose sync_now() says whether this backward communicates.
+  /// hook: how the reducer reduces each bucket (null: comm::MeanHook).
   BucketRound(std::vector<torch::Tensor> params, BucketReduction& reduction, const GradientSync& sync,
-              RoundOptions options)
-      : reduction_(reduction), sync_(sync), options_(options), ready_(params.size(), false) {
+              RoundOptions options, std::shared_ptr<comm::Hook> hook)
+      : reduction_(reduction), sync_(sync), options_(options),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), ready_(params.size(), false) {
     hooks_.emplace(
         std::move(params), [this](std::size_t k) { before_accumulate(k); },
         [this](std::size_t k) { on_ready(k); }, alive_);
@@ -133,11 +136,14 @@ class BucketRound {
   }
 
   bool started() const { return started_; }
-  /// The reducer's hook may change only before the first backward.
-  void check_hook_change() const {
+  /// The communication hook launch_reduction() reduces buckets with.
+  comm::Hook& hook() const { return *hook_; }
+  /// It may change only before the first backward.
+  void set_hook(std::shared_ptr<comm::Hook> hook) {
     ACCEL_CHECK(rounds_ == 0 && !started_, "accel: register_comm_hook() after a backward of the "
                 "prepared model: every rank must reduce every step's buckets the same way. "
                 "Register the hook before training starts.");
+    hook_ = std::move(hook);
   }
   /// Rounds closed so far.
   int64_t rounds() const { return rounds_; }
@@ -217,6 +223,7 @@ class BucketRound {
   BucketReduction& reduction_;
   const GradientSync& sync_;
   RoundOptions options_;
+  std::shared_ptr<comm::Hook> hook_;
   std::vector<std::size_t> bucket_of_;              ///< per parameter
   std::vector<std::vector<std::size_t>> params_of_;  ///< per bucket
   std::vector<std::size_t> pending_;                 ///< per bucket: parameters not ready yet

@@ -53,9 +53,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
               std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
-        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
-        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
+               std::move(hook)) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
   }
@@ -66,11 +66,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     zero_grad();  // the partition's gradients too: the reduction adds into them
     round_.close_without_backward();
   }
-  comm::Hook* comm_hook() const override { return hook_.get(); }
-  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
-    round_.check_hook_change();
-    hook_ = std::move(hook);
-  }
+  comm::Hook* comm_hook() const override { return &round_.hook(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override { round_.set_hook(std::move(hook)); }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -178,6 +175,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     int64_t chunk = 0;    ///< padded numel / world
     torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
     torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
+    std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
   };
@@ -194,7 +192,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.chunk = (plan_.numel[i] + world_ - 1) / world_;
       const auto opts = params_[members.front()].options().requires_grad(false);
       b.flat = torch::zeros({b.chunk * world_}, opts);
-      if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
+      if (!shard_gradients_) {
+        b.grad = torch::zeros({b.chunk * world_}, opts);
+        b.grad_views = member_views(plan_, i, b.grad);
+      }
       for (auto k : members) {
         auto& p = params_[k];
         auto slice = storage_alias(b.flat, plan_.slots[k].offset, p.sizes());
@@ -274,8 +275,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     auto& b = buckets_[index];
     const bool last = index + 1 == buckets_.size();
     if (!shard_gradients_) {
-      comm::GradBucket bucket{index, b.grad, member_views(plan_, index, b.grad), last};
-      return hook_->all_reduce(bucket, *comm_);
+      comm::GradBucket bucket{index, b.grad, b.grad_views, last};
+      return round_.hook().all_reduce(bucket, *comm_);
     }
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
     for (auto k : plan_.buckets[index]) {
@@ -286,7 +287,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
-    return hook_->reduce_scatter(b.received, bucket, *comm_);
+    return round_.hook().reduce_scatter(b.received, bucket, *comm_);
   }
 
   int64_t bucket_bytes(std::size_t index) const override {
@@ -307,7 +308,6 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   int64_t bucket_bytes_;
   bool shard_gradients_;
   int world_, rank_;
-  std::shared_ptr<comm::Hook> hook_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
