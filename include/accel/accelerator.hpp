@@ -133,7 +133,10 @@ class Accelerator {
   void backward(const torch::Tensor& loss) {
     auto l = loss;
     if (options_.gradient_accumulation_steps > 1) l = l / options_.gradient_accumulation_steps;
-    if constexpr (Precision::loss_scaling) l = scaler_->scale(l);
+    if constexpr (Precision::loss_scaling) {
+      state_->settle_loss_scale();
+      l = scaler_->scale(l);
+    }
     l.backward();
   }
 
@@ -146,27 +149,30 @@ class Accelerator {
 
   class AccumulateGuard {
    public:
-    // The model follows TrainingState::sync_gradients while the guard lives.
-    explicit AccumulateGuard(shard::detail::GradientSync& sync) : sync_(&sync) {
-      sync_->set_accumulating(true);
+    // The models follow TrainingState::sync_gradients while the guard lives.
+    explicit AccumulateGuard(std::vector<shard::detail::GradientSync*> syncs) : syncs_(std::move(syncs)) {
+      for (auto* s : syncs_) s->set_accumulating(true);
     }
     ~AccumulateGuard() {
-      if (sync_) sync_->set_accumulating(false);
+      for (auto* s : syncs_) s->set_accumulating(false);
     }
-    AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
+    AccumulateGuard(AccumulateGuard&& o) noexcept : syncs_(std::exchange(o.syncs_, {})) {}
     AccumulateGuard(const AccumulateGuard&) = delete;
     AccumulateGuard& operator=(const AccumulateGuard&) = delete;
     AccumulateGuard& operator=(AccumulateGuard&&) = delete;
 
    private:
-    shard::detail::GradientSync* sync_;
+    std::vector<shard::detail::GradientSync*> syncs_;
   };
 
   /// Gradient accumulation: inside, gradients are synchronised (and the
   /// optimizer steps) only on every gradient_accumulation_steps-th entry or on
   /// the last batch of the loader; other entries do no communication at all.
-  template <class M>
-  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>& model) {
+  /// Several models trained in one step go in one call (one entry, as
+  /// Accelerate's accumulate(*models)); a call per model counts each.
+  template <class... M>
+  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>&... models) {
+    static_assert(sizeof...(M) > 0, "accel: accumulate() needs the prepared model(s) trained in this step.");
     const auto* loader = data::active_loader_state();
     bool sync;
     if (loader != nullptr && loader->end_of_dataloader) {
@@ -177,7 +183,7 @@ class Accelerator {
       sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
     }
     state_->sync_gradients = sync;
-    return AccumulateGuard(model.gradient_sync());
+    return AccumulateGuard({&models.gradient_sync()...});
   }
 
   bool sync_gradients() const { return state_->sync_gradients; }

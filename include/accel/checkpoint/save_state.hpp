@@ -73,6 +73,9 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   }
   const fs::path stage = target.string() + ".accel-tmp";
   reg.state->finalize_gradients();
+  // The scale the next backward would use (an update an iteration left
+  // pending), so a resumed run scales its first loss as this run does.
+  reg.state->settle_loss_scale();
 
   std::exception_ptr err;
   if (main) {

@@ -5,6 +5,8 @@
 #ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -58,22 +60,45 @@ struct TrainingState {
     for (auto& s : syncs) s->finalize();
   }
 
-  /// Before an optimizer step (Fp16: unscale the optimizer's gradients once,
-  /// agree on inf/NaN across ranks); false when every rank must skip it.
-  bool before_step(torch::optim::Optimizer& opt) {
+  /// Before an optimizer step (Fp16: unscale the optimizer's gradients, each
+  /// once per iteration, and agree on inf/NaN across ranks); false when every
+  /// rank must skip it. `index`: the optimizer's place in prepare() order.
+  bool before_step(torch::optim::Optimizer& opt, std::size_t index) {
     if (!loss_scaling) return true;
+    // Its second step with no backward in between (a rank out of data under
+    // join_uneven_inputs()): the last iteration is over.
+    if (index < stepped_.size() && stepped_[index]) update_scaler();
     std::vector<torch::Tensor> params;
     for (auto& g : opt.param_groups())
       for (auto& p : g.params()) params.push_back(p);
     return !live_scaler()->unscale(params, *comm);
   }
 
-  /// After a step attempt (Fp16: grow or back off the scale).
-  void after_step(bool /*stepped*/) {
-    if (loss_scaling) live_scaler()->update();
+  /// After a step attempt (Fp16: the scale is updated once per iteration:
+  /// now if every prepared optimizer has stepped, else before the next
+  /// backward scales a loss, as GradScaler.update() after all steps).
+  void after_step(std::size_t index) {
+    if (!loss_scaling) return;
+    if (stepped_.size() < std::max(optimizer_shadows.size(), index + 1))
+      stepped_.resize(std::max(optimizer_shadows.size(), index + 1), false);
+    stepped_[index] = true;
+    if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
+  }
+
+  /// Before a backward scales its loss, or before save_state records the
+  /// scale: the update an iteration with fewer steps than optimizers left.
+  void settle_loss_scale() {
+    if (loss_scaling && std::any_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
   }
 
  private:
+  void update_scaler() {
+    live_scaler()->update();
+    stepped_.assign(stepped_.size(), false);
+  }
+
+  std::vector<bool> stepped_;  ///< Fp16: per optimizer, stepped since the last scale update
+
   std::shared_ptr<precision::LossScaler> live_scaler() const {
     auto s = scaler.lock();
     ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "

@@ -5,6 +5,7 @@
 #define ACCEL_PRECISION_LOSS_SCALER_HPP
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/torch.h>
@@ -16,11 +17,12 @@
 namespace accel::precision {
 
 /// The loss is multiplied by scale() before backward so small fp16 gradients
-/// do not flush to zero. Before the optimizer step the gradients are divided
-/// by the scale (once per step, whoever asks first: clip_grad_norm_ or the
-/// step) and checked for inf/NaN; the finding is all-reduced (MAX) so every
-/// rank skips the same steps. update() backs the scale off after an overflow
-/// and grows it after growth_interval clean steps, as torch.cuda.amp.GradScaler.
+/// do not flush to zero. Before an optimizer step the gradients are divided
+/// by the scale (each gradient once per iteration, whoever asks first:
+/// clip_grad_norm_ or a step) and checked for inf/NaN; the finding is
+/// all-reduced (MAX) so every rank skips the same steps. update(), once per
+/// iteration, backs the scale off after an overflow and grows it after
+/// growth_interval clean iterations, as torch.cuda.amp.GradScaler.
 class LossScaler {
  public:
   explicit LossScaler(GradScalerOptions opts = {}) : opts_(opts), scale_(opts.init_scale) {
@@ -33,14 +35,24 @@ class LossScaler {
   double scale() const { return scale_; }
   torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
 
-  /// Divides the gradients by the scale (first call of a step only) and returns
-  /// true when any rank found inf/NaN in its gradients.
+  /// Divides the gradients of `params` not yet unscaled in this iteration
+  /// by the scale; returns true when any rank found inf/NaN in the gradients
+  /// of `params` (those unscaled earlier count with what their call found).
   bool unscale(const std::vector<torch::Tensor>& params, runtime::Communicator& comm) {
-    if (unscaled_) return found_inf_;
     torch::NoGradGuard no_grad;
+    bool known_inf = false;
+    std::vector<torch::Tensor> todo;
+    for (const auto& p : params) {
+      const auto it = unscaled_.find(p.unsafeGetTensorImpl());
+      if (it == unscaled_.end())
+        todo.push_back(p);
+      else
+        known_inf = known_inf || it->second;
+    }
+    if (todo.empty()) return known_inf;
     const double inv = 1.0 / scale_;
     auto found = torch::zeros({1}, torch::kFloat);
-    for (const auto& p : params) {
+    for (const auto& p : todo) {
       if (!p.grad().defined()) continue;
       auto g = p.grad();
       g.mul_(inv);
@@ -53,12 +65,13 @@ class LossScaler {
       comm.all_reduce(flag, runtime::ReduceOp::Max)->wait();
       found = flag.to(torch::kCPU);
     }
-    found_inf_ = found.item<float>() > 0;
-    unscaled_ = true;
-    return found_inf_;
+    const bool inf = found.item<float>() > 0;
+    for (const auto& p : todo) unscaled_.emplace(p.unsafeGetTensorImpl(), inf);
+    found_inf_ = found_inf_ || inf;
+    return known_inf || inf;
   }
 
-  /// After the step attempt: adjust the scale and forget this step's unscale.
+  /// End of an iteration: adjust the scale, forget what was unscaled.
   void update() {
     if (found_inf_) {
       scale_ *= opts_.backoff_factor;
@@ -67,11 +80,12 @@ class LossScaler {
       scale_ *= opts_.growth_factor;
       growth_tracker_ = 0;
     }
-    unscaled_ = false;
+    unscaled_.clear();
     found_inf_ = false;
   }
 
-  bool unscaled() const { return unscaled_; }
+  /// Whether any gradient was unscaled in this iteration.
+  bool unscaled() const { return !unscaled_.empty(); }
   int64_t growth_tracker() const { return growth_tracker_; }
   void set_comm_device(torch::Device d) { comm_device_ = d; }
 
@@ -85,8 +99,10 @@ class LossScaler {
   GradScalerOptions opts_;
   double scale_;
   int64_t growth_tracker_ = 0;
-  bool unscaled_ = false;
-  bool found_inf_ = false;
+  /// This iteration's unscaled gradients (by parameter), with whether the
+  /// call that unscaled them found inf/NaN.
+  std::unordered_map<const c10::TensorImpl*, bool> unscaled_;
+  bool found_inf_ = false;  ///< any call of this iteration
   torch::Device comm_device_{torch::kCPU};
 };
 

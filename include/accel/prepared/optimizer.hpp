@@ -32,8 +32,8 @@ class AcceleratedOptimizer {
         index_(state_->optimizer_shadows.size()) {
     // A rank out of data under join_uneven_inputs() repeats this step (weak:
     // the state must not keep the optimizer alive).
-    state_->optimizer_shadows.push_back([core = std::weak_ptr<Core>(core_)](detail::TrainingState& s) {
-      if (auto c = core.lock()) run_step(s, *c, nullptr);
+    state_->optimizer_shadows.push_back([core = std::weak_ptr<Core>(core_), i = index_](detail::TrainingState& s) {
+      if (auto c = core.lock()) run_step(s, *c, i, nullptr);
     });
   }
 
@@ -52,7 +52,7 @@ class AcceleratedOptimizer {
     // After the reductions: a rank out of data repeats them from the
     // announcement of the forward, before this one.
     if (state_->join) state_->join->announce({accel::detail::JoinState::Action::kStep, index_});
-    auto [ok, loss] = run_step(*state_, *core_, std::move(closure));
+    auto [ok, loss] = run_step(*state_, *core_, index_, std::move(closure));
     skipped_ = !ok;
     return loss;
   }
@@ -89,13 +89,13 @@ class AcceleratedOptimizer {
 
   // With the gradients reduced: steps unless the loss scaler found inf/NaN
   // on any rank; returns whether it stepped, and the loss.
-  static std::pair<bool, torch::Tensor> run_step(detail::TrainingState& state, Core& c,
+  static std::pair<bool, torch::Tensor> run_step(detail::TrainingState& state, Core& c, std::size_t index,
                                                  torch::optim::Optimizer::LossClosure closure) {
-    const bool ok = state.before_step(*c.opt);
+    const bool ok = state.before_step(*c.opt, index);
     torch::Tensor loss;
     if (ok) loss = c.opt->step(std::move(closure));
     if (c.partition) c.partition->after_step(ok);
-    state.after_step(ok);
+    state.after_step(index);
     state.last_step_skipped = !ok;
     if (ok) ++state.optimizer_steps;
     return {ok, loss};

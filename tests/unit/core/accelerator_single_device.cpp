@@ -135,6 +135,30 @@ TEST_CASE("gradient accumulation: step every N batches, loss divided by N", "[co
     CHECK(torch::allclose(net->parameters()[i], reference->parameters()[i], 1e-6, 1e-7));
 }
 
+// Two models trained in one step: one accumulate() entry, as Accelerate's
+// accumulate(model_a, model_b); a call per model would count each.
+TEST_CASE("gradient accumulation: two models in one accumulate() call count one micro-step", "[core][accumulate]") {
+  auto net_a = make_net();
+  auto net_b = make_net();
+  torch::optim::SGD sgd_a(net_a->parameters(), 0.1), sgd_b(net_b->parameters(), 0.1);
+  accel::Accelerator<> acc(accel::AcceleratorOptions{.gradient_accumulation_steps = 2});
+  auto [a, b, opt_a, opt_b] = acc.prepare(net_a, net_b, sgd_a, sgd_b);
+  std::vector<bool> synced;
+  for (int step = 0; step < 4; ++step) {
+    auto guard = acc.accumulate(a, b);
+    synced.push_back(acc.sync_gradients());
+    auto x = torch::full({2, 2}, static_cast<float>(step + 1));
+    acc.backward(torch::mse_loss(a(x) + b(x), x.sum(1, true)));
+    opt_a.step();
+    opt_b.step();
+    CHECK(opt_a.step_was_skipped() == !acc.sync_gradients());
+    CHECK(opt_b.step_was_skipped() == !acc.sync_gradients());
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+  }
+  CHECK(synced == std::vector<bool>{false, true, false, true});
+}
+
 TEST_CASE("scheduler advances once per real optimizer step", "[core][scheduler]") {
   auto net = make_net();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(1.0));

@@ -142,6 +142,66 @@ TEST_CASE("loss scaling: clip_grad_norm_ sees the unscaled gradients, unscaled o
   }
 }
 
+// Two optimizers (issue 13 B10): clip_grad_norm_ over both models unscales
+// every gradient once (the second optimizer's step does not divide again),
+// and the scale moves once per iteration, after both steps.
+TEST_CASE("loss scaling: two optimizers: each gradient unscaled once, the scale updated once per iteration",
+          "[parallel][precision][scaler]") {
+  const auto pair = [] {
+    torch::manual_seed(3);
+    torch::nn::Linear a(4, 3), b(3, 1);
+    return std::pair{a, b};
+  };
+  auto [net_a, net_b] = pair();
+  auto [ref_a, ref_b] = pair();
+  torch::optim::SGD sgd_a(net_a->parameters(), 0.1), sgd_b(net_b->parameters(), 0.1);
+  accel::Accelerator<accel::backend::SingleDevice, ScaledFp32> acc(scaler_options());
+  auto [a, b, opt_a, opt_b] = acc.prepare(net_a, net_b, sgd_a, sgd_b);
+  auto* scaler = acc.loss_scaler();
+  const auto all_params = [](torch::nn::Linear& x, torch::nn::Linear& y) {
+    auto ps = x->parameters();
+    for (auto& p : y->parameters()) ps.push_back(p);
+    return ps;
+  };
+  for (int it = 0; it < 3; ++it) {
+    const auto x = batch_x(it, 0);
+    acc.backward(b(a(x)).pow(2).mean());
+    const double norm = acc.clip_grad_norm_(all_params(net_a, net_b), 1e9);  // the norm only
+    opt_a.step();
+    opt_b.step();
+    CHECK_FALSE(opt_a.step_was_skipped());
+    CHECK_FALSE(opt_b.step_was_skipped());
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+
+    ref_b(ref_a(x)).pow(2).mean().backward();
+    double ref_norm = 0;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : all_params(ref_a, ref_b)) {
+        ref_norm += p.grad().pow(2).sum().item<double>();
+        p.sub_(0.1 * p.grad());
+        p.mutable_grad().zero_();
+      }
+    }
+    CHECK(norm == Approx(std::sqrt(ref_norm)).epsilon(1e-6));
+    const auto mine = all_params(net_a, net_b), theirs = all_params(ref_a, ref_b);
+    for (std::size_t i = 0; i < mine.size(); ++i) CHECK(torch::allclose(mine[i], theirs[i], 0, 1e-6));
+    // growth_interval 3: one count per iteration, not per optimizer.
+    CHECK(scaler->growth_tracker() == (it + 1) % 3);
+  }
+  CHECK(scaler->scale() == 2048);
+
+  // inf in model b's gradients only: a steps, b skips, the scale halves once.
+  acc.backward(a(batch_x(3, 0)).pow(2).mean() + b(torch::ones({2, 3})).pow(2).mean() * kInf);
+  opt_a.step();
+  opt_b.step();
+  CHECK_FALSE(opt_a.step_was_skipped());
+  CHECK(opt_b.step_was_skipped());
+  CHECK(scaler->scale() == 1024);
+  CHECK(scaler->growth_tracker() == 0);
+}
+
 namespace {
 
 /// Rank 1 alone gets inf on step 1; every rank must skip it. Replicate: the
