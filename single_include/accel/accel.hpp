@@ -3022,6 +3022,7 @@ struct Fp32 {
 #define ACCEL_PRECISION_LOSS_SCALER_HPP
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/torch.h>
@@ -3030,11 +3031,12 @@ struct Fp32 {
 namespace accel::precision {
 
 /// The loss is multiplied by scale() before backward so small fp16 gradients
-/// do not flush to zero. Before the optimizer step the gradients are divided
-/// by the scale (once per step, whoever asks first: clip_grad_norm_ or the
-/// step) and checked for inf/NaN; the finding is all-reduced (MAX) so every
-/// rank skips the same steps. update() backs the scale off after an overflow
-/// and grows it after growth_interval clean steps, as torch.cuda.amp.GradScaler.
+/// do not flush to zero. Before an optimizer step the gradients are divided
+/// by the scale (each gradient once per iteration, whoever asks first:
+/// clip_grad_norm_ or a step) and checked for inf/NaN; the finding is
+/// all-reduced (MAX) so every rank skips the same steps. update(), once per
+/// iteration, backs the scale off after an overflow and grows it after
+/// growth_interval clean iterations, as torch.cuda.amp.GradScaler.
 class LossScaler {
  public:
   explicit LossScaler(GradScalerOptions opts = {}) : opts_(opts), scale_(opts.init_scale) {
@@ -3047,14 +3049,24 @@ class LossScaler {
   double scale() const { return scale_; }
   torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
 
-  /// Divides the gradients by the scale (first call of a step only) and returns
-  /// true when any rank found inf/NaN in its gradients.
+  /// Divides the gradients of `params` not yet unscaled in this iteration
+  /// by the scale; returns true when any rank found inf/NaN in the gradients
+  /// of `params` (those unscaled earlier count with what their call found).
   bool unscale(const std::vector<torch::Tensor>& params, runtime::Communicator& comm) {
-    if (unscaled_) return found_inf_;
     torch::NoGradGuard no_grad;
+    bool known_inf = false;
+    std::vector<torch::Tensor> todo;
+    for (const auto& p : params) {
+      const auto it = unscaled_.find(p.unsafeGetTensorImpl());
+      if (it == unscaled_.end())
+        todo.push_back(p);
+      else
+        known_inf = known_inf || it->second;
+    }
+    if (todo.empty()) return known_inf;
     const double inv = 1.0 / scale_;
     auto found = torch::zeros({1}, torch::kFloat);
-    for (const auto& p : params) {
+    for (const auto& p : todo) {
       if (!p.grad().defined()) continue;
       auto g = p.grad();
       g.mul_(inv);
@@ -3067,12 +3079,13 @@ class LossScaler {
       comm.all_reduce(flag, runtime::ReduceOp::Max)->wait();
       found = flag.to(torch::kCPU);
     }
-    found_inf_ = found.item<float>() > 0;
-    unscaled_ = true;
-    return found_inf_;
+    const bool inf = found.item<float>() > 0;
+    for (const auto& p : todo) unscaled_.emplace(p.unsafeGetTensorImpl(), inf);
+    found_inf_ = found_inf_ || inf;
+    return known_inf || inf;
   }
 
-  /// After the step attempt: adjust the scale and forget this step's unscale.
+  /// End of an iteration: adjust the scale, forget what was unscaled.
   void update() {
     if (found_inf_) {
       scale_ *= opts_.backoff_factor;
@@ -3081,11 +3094,12 @@ class LossScaler {
       scale_ *= opts_.growth_factor;
       growth_tracker_ = 0;
     }
-    unscaled_ = false;
+    unscaled_.clear();
     found_inf_ = false;
   }
 
-  bool unscaled() const { return unscaled_; }
+  /// Whether any gradient was unscaled in this iteration.
+  bool unscaled() const { return !unscaled_.empty(); }
   int64_t growth_tracker() const { return growth_tracker_; }
   void set_comm_device(torch::Device d) { comm_device_ = d; }
 
@@ -3099,8 +3113,10 @@ class LossScaler {
   GradScalerOptions opts_;
   double scale_;
   int64_t growth_tracker_ = 0;
-  bool unscaled_ = false;
-  bool found_inf_ = false;
+  /// This iteration's unscaled gradients (by parameter), with whether the
+  /// call that unscaled them found inf/NaN.
+  std::unordered_map<const c10::TensorImpl*, bool> unscaled_;
+  bool found_inf_ = false;  ///< any call of this iteration
   torch::Device comm_device_{torch::kCPU};
 };
 
@@ -7334,14 +7350,16 @@ inline torch::Tensor checkpoint_sequential(const torch::nn::Sequential& seq, tor
 #ifndef ACCEL_PROFILING_TRACE_HPP
 #define ACCEL_PROFILING_TRACE_HPP
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <map>
 #include <set>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -7391,6 +7409,40 @@ inline nlohmann::json matched_spans(nlohmann::json events) {
   return kept;
 }
 
+/// LibTorch's legacy profiler events as Chrome "X" events: each push matched
+/// with its pop (by handle and node, as LibTorch's RecordProfile writer
+/// does), timed from the profiler's start mark plus start_us, with the
+/// operator's input shapes in args["Input Dims"] (Kineto's name) when it had
+/// tensor inputs. A push without its pop (still open at the end) is dropped.
+inline nlohmann::json operator_events(const torch::autograd::profiler::thread_event_lists& lists, double start_us) {
+  using torch::autograd::profiler::EventKind;
+  using torch::autograd::profiler::LegacyEvent;
+  const LegacyEvent* start = nullptr;
+  std::map<std::pair<uint64_t, int64_t>, const LegacyEvent*> pushed;
+  for (const auto& list : lists)
+    for (const auto& e : list) {
+      if (e.kind() == EventKind::PushRange) pushed[{e.handle(), e.nodeId()}] = &e;
+      if (!start && e.kind() == EventKind::Mark && std::string_view(e.name()) == "__start_profile") start = &e;
+    }
+  nlohmann::json out = nlohmann::json::array();
+  if (!start) return out;  // nothing was recorded
+  for (const auto& list : lists)
+    for (const auto& e : list) {
+      if (e.kind() != EventKind::PopRange) continue;
+      const auto it = pushed.find({e.handle(), e.nodeId()});
+      if (it == pushed.end()) continue;
+      const LegacyEvent& b = *it->second;
+      nlohmann::json args = nlohmann::json::object();
+      auto shapes = b.shapes();
+      const bool any = std::any_of(shapes.begin(), shapes.end(), [](const auto& d) { return !d.empty(); });
+      if (any) args["Input Dims"] = std::move(shapes);
+      out.push_back({{"name", b.name()}, {"cat", "cpu_op"}, {"ph", "X"}, {"ts", start_us + start->cpuElapsedUs(b)},
+                     {"dur", b.cpuElapsedUs(e)}, {"tid", b.threadId()}, {"args", std::move(args)}});
+      pushed.erase(it);
+    }
+  return out;
+}
+
 }  // namespace detail
 
 /// RAII: LibTorch's profiler (CPU operators, on every thread that runs them
@@ -7435,22 +7487,33 @@ class Trace {
       std::filesystem::create_directories(dir);
       Events::start();
       try {
-        recorder = std::make_unique<torch::autograd::profiler::RecordProfile>(raw);
+        // CPU operators with their input shapes (recording shapes costs a
+        // few vectors per operator: docs/profiling.md has the measured cost).
+        torch::autograd::profiler::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+            torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true));
+        recording = true;
       } catch (...) {
         Events::stop();
         throw;
       }
     }
+    ~Impl() {
+      if (!recording) return;
+      try {
+        Events::stop();
+        (void)torch::autograd::profiler::disableProfilerLegacy();
+      } catch (...) {
+      }
+    }
     void finish() {
       auto own = Events::stop();
-      recorder.reset();  // stops the profiler and writes its events into raw
-      auto events = nlohmann::json::parse(raw.str());
+      recording = false;
+      const auto lists = torch::autograd::profiler::disableProfilerLegacy();
       nlohmann::json out = nlohmann::json::array();
       out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0},
                      {"args", {{"name", "rank " + std::to_string(rank)}}}});
-      for (auto& e : events) {
+      for (auto& e : detail::operator_events(lists, start_us)) {
         e["pid"] = rank;
-        e["ts"] = e.value("ts", 0.0) + start_us;
         out.push_back(std::move(e));
       }
       for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
@@ -7462,8 +7525,7 @@ class Trace {
     int rank;
     std::filesystem::path file;
     double start_us;
-    std::stringstream raw;
-    std::unique_ptr<torch::autograd::profiler::RecordProfile> recorder;
+    bool recording = false;
   };
   std::unique_ptr<Impl> impl_;
 };
@@ -9615,6 +9677,8 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
 #define ACCEL_DETAIL_TRAINING_STATE_HPP
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9858,22 +9922,45 @@ struct TrainingState {
     for (auto& s : syncs) s->finalize();
   }
 
-  /// Before an optimizer step (Fp16: unscale the optimizer's gradients once,
-  /// agree on inf/NaN across ranks); false when every rank must skip it.
-  bool before_step(torch::optim::Optimizer& opt) {
+  /// Before an optimizer step (Fp16: unscale the optimizer's gradients, each
+  /// once per iteration, and agree on inf/NaN across ranks); false when every
+  /// rank must skip it. `index`: the optimizer's place in prepare() order.
+  bool before_step(torch::optim::Optimizer& opt, std::size_t index) {
     if (!loss_scaling) return true;
+    // Its second step with no backward in between (a rank out of data under
+    // join_uneven_inputs()): the last iteration is over.
+    if (index < stepped_.size() && stepped_[index]) update_scaler();
     std::vector<torch::Tensor> params;
     for (auto& g : opt.param_groups())
       for (auto& p : g.params()) params.push_back(p);
     return !live_scaler()->unscale(params, *comm);
   }
 
-  /// After a step attempt (Fp16: grow or back off the scale).
-  void after_step(bool /*stepped*/) {
-    if (loss_scaling) live_scaler()->update();
+  /// After a step attempt (Fp16: the scale is updated once per iteration:
+  /// now if every prepared optimizer has stepped, else before the next
+  /// backward scales a loss, as GradScaler.update() after all steps).
+  void after_step(std::size_t index) {
+    if (!loss_scaling) return;
+    if (stepped_.size() < std::max(optimizer_shadows.size(), index + 1))
+      stepped_.resize(std::max(optimizer_shadows.size(), index + 1), false);
+    stepped_[index] = true;
+    if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
+  }
+
+  /// Before a backward scales its loss, or before save_state records the
+  /// scale: the update an iteration with fewer steps than optimizers left.
+  void settle_loss_scale() {
+    if (loss_scaling && std::any_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
   }
 
  private:
+  void update_scaler() {
+    live_scaler()->update();
+    stepped_.assign(stepped_.size(), false);
+  }
+
+  std::vector<bool> stepped_;  ///< Fp16: per optimizer, stepped since the last scale update
+
   std::shared_ptr<precision::LossScaler> live_scaler() const {
     auto s = scaler.lock();
     ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
@@ -10061,8 +10148,8 @@ class AcceleratedOptimizer {
         index_(state_->optimizer_shadows.size()) {
     // A rank out of data under join_uneven_inputs() repeats this step (weak:
     // the state must not keep the optimizer alive).
-    state_->optimizer_shadows.push_back([core = std::weak_ptr<Core>(core_)](detail::TrainingState& s) {
-      if (auto c = core.lock()) run_step(s, *c, nullptr);
+    state_->optimizer_shadows.push_back([core = std::weak_ptr<Core>(core_), i = index_](detail::TrainingState& s) {
+      if (auto c = core.lock()) run_step(s, *c, i, nullptr);
     });
   }
 
@@ -10081,7 +10168,7 @@ class AcceleratedOptimizer {
     // After the reductions: a rank out of data repeats them from the
     // announcement of the forward, before this one.
     if (state_->join) state_->join->announce({accel::detail::JoinState::Action::kStep, index_});
-    auto [ok, loss] = run_step(*state_, *core_, std::move(closure));
+    auto [ok, loss] = run_step(*state_, *core_, index_, std::move(closure));
     skipped_ = !ok;
     return loss;
   }
@@ -10118,13 +10205,13 @@ class AcceleratedOptimizer {
 
   // With the gradients reduced: steps unless the loss scaler found inf/NaN
   // on any rank; returns whether it stepped, and the loss.
-  static std::pair<bool, torch::Tensor> run_step(detail::TrainingState& state, Core& c,
+  static std::pair<bool, torch::Tensor> run_step(detail::TrainingState& state, Core& c, std::size_t index,
                                                  torch::optim::Optimizer::LossClosure closure) {
-    const bool ok = state.before_step(*c.opt);
+    const bool ok = state.before_step(*c.opt, index);
     torch::Tensor loss;
     if (ok) loss = c.opt->step(std::move(closure));
     if (c.partition) c.partition->after_step(ok);
-    state.after_step(ok);
+    state.after_step(index);
     state.last_step_skipped = !ok;
     if (ok) ++state.optimizer_steps;
     return {ok, loss};
@@ -11652,6 +11739,9 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   }
   const fs::path stage = target.string() + ".accel-tmp";
   reg.state->finalize_gradients();
+  // The scale the next backward would use (an update an iteration left
+  // pending), so a resumed run scales its first loss as this run does.
+  reg.state->settle_loss_scale();
 
   std::exception_ptr err;
   if (main) {
@@ -12932,9 +13022,11 @@ struct RoundOptions {
 class BucketRound {
  public:
   /// sync: whose sync_now() says whether this backward communicates.
+  /// hook: how the reducer reduces each bucket (null: comm::MeanHook).
   BucketRound(std::vector<torch::Tensor> params, BucketReduction& reduction, const GradientSync& sync,
-              RoundOptions options)
-      : reduction_(reduction), sync_(sync), options_(options), ready_(params.size(), false) {
+              RoundOptions options, std::shared_ptr<comm::Hook> hook)
+      : reduction_(reduction), sync_(sync), options_(options),
+        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), ready_(params.size(), false) {
     hooks_.emplace(
         std::move(params), [this](std::size_t k) { before_accumulate(k); },
         [this](std::size_t k) { on_ready(k); }, alive_);
@@ -12998,11 +13090,14 @@ class BucketRound {
   }
 
   bool started() const { return started_; }
-  /// The reducer's hook may change only before the first backward.
-  void check_hook_change() const {
+  /// The communication hook launch_reduction() reduces buckets with.
+  comm::Hook& hook() const { return *hook_; }
+  /// It may change only before the first backward.
+  void set_hook(std::shared_ptr<comm::Hook> hook) {
     ACCEL_CHECK(rounds_ == 0 && !started_, "accel: register_comm_hook() after a backward of the "
                 "prepared model: every rank must reduce every step's buckets the same way. "
                 "Register the hook before training starts.");
+    hook_ = std::move(hook);
   }
   /// Rounds closed so far.
   int64_t rounds() const { return rounds_; }
@@ -13082,6 +13177,7 @@ class BucketRound {
   BucketReduction& reduction_;
   const GradientSync& sync_;
   RoundOptions options_;
+  std::shared_ptr<comm::Hook> hook_;
   std::vector<std::size_t> bucket_of_;              ///< per parameter
   std::vector<std::vector<std::size_t>> params_of_;  ///< per bucket
   std::vector<std::size_t> pending_;                 ///< per bucket: parameters not ready yet
@@ -13119,8 +13215,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
                 std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)),
         plan_(plan_buckets(params_, bucket_bytes)),
-        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()), overlap_(overlap),
-        round_(params_, *this, *this, RoundOptions{.overlap = overlap}) {
+        overlap_(overlap), round_(params_, *this, *this, RoundOptions{.overlap = overlap}, std::move(hook)) {
     for (std::size_t b = 0; b < plan_.size(); ++b) {
       buffers_.push_back(torch::zeros({plan_.numel[b]}, params_[plan_.buckets[b].front()].options().requires_grad(false)));
       views_.push_back(member_views(plan_, b, buffers_.back()));
@@ -13129,11 +13224,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   }
 
   void before_forward() override { round_.refresh_hooks(); }
-  comm::Hook* comm_hook() const override { return hook_.get(); }
-  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
-    round_.check_hook_change();
-    hook_ = std::move(hook);
-  }
+  comm::Hook* comm_hook() const override { return &round_.hook(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override { round_.set_hook(std::move(hook)); }
   void finalize() override { round_.close(); }
   void shadow_backward() override {
     {
@@ -13154,7 +13246,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   std::shared_ptr<runtime::Work> launch_reduction(std::size_t b) override {
     if (comm_->size() == 1) return nullptr;
     comm::GradBucket bucket{b, buffers_[b], views_[b], b + 1 == plan_.size()};
-    return hook_->all_reduce(bucket, *comm_);
+    return round_.hook().all_reduce(bucket, *comm_);
   }
 
   int64_t bucket_bytes(std::size_t b) const override { return static_cast<int64_t>(buffers_[b].nbytes()); }
@@ -13180,7 +13272,6 @@ class BucketReducer final : public GradientSync, private BucketReduction {
   BucketPlan plan_;
   std::vector<torch::Tensor> buffers_;  ///< one flat buffer per bucket
   std::vector<std::vector<torch::Tensor>> views_;  ///< per bucket: its parameters' gradients in it
-  std::shared_ptr<comm::Hook> hook_;
   bool overlap_;
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
@@ -13252,9 +13343,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
               std::shared_ptr<comm::Hook> hook = nullptr)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
         shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
-        hook_(hook ? std::move(hook) : std::make_shared<comm::MeanHook>()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
-        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u}) {
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
+               std::move(hook)) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
   }
@@ -13265,11 +13356,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     zero_grad();  // the partition's gradients too: the reduction adds into them
     round_.close_without_backward();
   }
-  comm::Hook* comm_hook() const override { return hook_.get(); }
-  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override {
-    round_.check_hook_change();
-    hook_ = std::move(hook);
-  }
+  comm::Hook* comm_hook() const override { return &round_.hook(); }
+  void set_comm_hook(std::shared_ptr<comm::Hook> hook) override { round_.set_hook(std::move(hook)); }
 
   void zero_grad() override {
     torch::NoGradGuard no_grad;
@@ -13377,6 +13465,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     int64_t chunk = 0;    ///< padded numel / world
     torch::Tensor flat;   ///< the parameters, world * chunk elements (padding zero)
     torch::Tensor grad;   ///< ZeRO-1: the full gradients, same layout; ZeRO-2: undefined
+    std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
   };
@@ -13393,7 +13482,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.chunk = (plan_.numel[i] + world_ - 1) / world_;
       const auto opts = params_[members.front()].options().requires_grad(false);
       b.flat = torch::zeros({b.chunk * world_}, opts);
-      if (!shard_gradients_) b.grad = torch::zeros({b.chunk * world_}, opts);
+      if (!shard_gradients_) {
+        b.grad = torch::zeros({b.chunk * world_}, opts);
+        b.grad_views = member_views(plan_, i, b.grad);
+      }
       for (auto k : members) {
         auto& p = params_[k];
         auto slice = storage_alias(b.flat, plan_.slots[k].offset, p.sizes());
@@ -13473,8 +13565,8 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     auto& b = buckets_[index];
     const bool last = index + 1 == buckets_.size();
     if (!shard_gradients_) {
-      comm::GradBucket bucket{index, b.grad, member_views(plan_, index, b.grad), last};
-      return hook_->all_reduce(bucket, *comm_);
+      comm::GradBucket bucket{index, b.grad, b.grad_views, last};
+      return round_.hook().all_reduce(bucket, *comm_);
     }
     b.staging = torch::zeros({b.chunk * world_}, b.flat.options());
     for (auto k : plan_.buckets[index]) {
@@ -13485,7 +13577,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
-    return hook_->reduce_scatter(b.received, bucket, *comm_);
+    return round_.hook().reduce_scatter(b.received, bucket, *comm_);
   }
 
   int64_t bucket_bytes(std::size_t index) const override {
@@ -13506,7 +13598,6 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   int64_t bucket_bytes_;
   bool shard_gradients_;
   int world_, rank_;
-  std::shared_ptr<comm::Hook> hook_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
@@ -14386,7 +14477,10 @@ class Accelerator {
   void backward(const torch::Tensor& loss) {
     auto l = loss;
     if (options_.gradient_accumulation_steps > 1) l = l / options_.gradient_accumulation_steps;
-    if constexpr (Precision::loss_scaling) l = scaler_->scale(l);
+    if constexpr (Precision::loss_scaling) {
+      state_->settle_loss_scale();
+      l = scaler_->scale(l);
+    }
     l.backward();
   }
 
@@ -14399,27 +14493,30 @@ class Accelerator {
 
   class AccumulateGuard {
    public:
-    // The model follows TrainingState::sync_gradients while the guard lives.
-    explicit AccumulateGuard(shard::detail::GradientSync& sync) : sync_(&sync) {
-      sync_->set_accumulating(true);
+    // The models follow TrainingState::sync_gradients while the guard lives.
+    explicit AccumulateGuard(std::vector<shard::detail::GradientSync*> syncs) : syncs_(std::move(syncs)) {
+      for (auto* s : syncs_) s->set_accumulating(true);
     }
     ~AccumulateGuard() {
-      if (sync_) sync_->set_accumulating(false);
+      for (auto* s : syncs_) s->set_accumulating(false);
     }
-    AccumulateGuard(AccumulateGuard&& o) noexcept : sync_(std::exchange(o.sync_, nullptr)) {}
+    AccumulateGuard(AccumulateGuard&& o) noexcept : syncs_(std::exchange(o.syncs_, {})) {}
     AccumulateGuard(const AccumulateGuard&) = delete;
     AccumulateGuard& operator=(const AccumulateGuard&) = delete;
     AccumulateGuard& operator=(AccumulateGuard&&) = delete;
 
    private:
-    shard::detail::GradientSync* sync_;
+    std::vector<shard::detail::GradientSync*> syncs_;
   };
 
   /// Gradient accumulation: inside, gradients are synchronised (and the
   /// optimizer steps) only on every gradient_accumulation_steps-th entry or on
   /// the last batch of the loader; other entries do no communication at all.
-  template <class M>
-  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>& model) {
+  /// Several models trained in one step go in one call (one entry, as
+  /// Accelerate's accumulate(*models)); a call per model counts each.
+  template <class... M>
+  [[nodiscard]] AccumulateGuard accumulate(PreparedModel<M>&... models) {
+    static_assert(sizeof...(M) > 0, "accel: accumulate() needs the prepared model(s) trained in this step.");
     const auto* loader = data::active_loader_state();
     bool sync;
     if (loader != nullptr && loader->end_of_dataloader) {
@@ -14430,7 +14527,7 @@ class Accelerator {
       sync = state_->micro_step % options_.gradient_accumulation_steps == 0;
     }
     state_->sync_gradients = sync;
-    return AccumulateGuard(model.gradient_sync());
+    return AccumulateGuard({&models.gradient_sync()...});
   }
 
   bool sync_gradients() const { return state_->sync_gradients; }
