@@ -120,4 +120,14 @@ contains "$out" "process 1 was in 'gradient sync', waiting for the gradient all-
 contains "$out" "larger --timeout"
 no_process "$T/stall/config.yaml"
 no_scratch_left "a hang"
+
+# accel hands the command to accel-test beside it; without it, it says so.
+mkdir -p "$T/lonely"
+cp "$ACCEL" "$T/lonely/accel"
+out=$("$T/lonely/accel" test 2>&1) && fail "accel test without accel-test passed: $out"
+contains "$out" "accel: \`accel test\` runs $T/lonely/accel-test, which could not be started"
+# and accel itself starts without LibTorch (a CUDA build links it to count devices).
+if [ "$with_nccl" = no ] && command -v ldd >/dev/null; then
+  not_contains "$(ldd "$ACCEL")" "libtorch"
+fi
 echo PASS

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The `accel` command: config | launch | env | test. Flags mirror `accelerate`;
 // the work is done in the headers beside this file.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -11,13 +16,32 @@
 #include "config_command.hpp"
 #include "env_command.hpp"
 #include "launch_command.hpp"
-#include "test_command.hpp"
+#include "test_options.hpp"
 
 namespace {
 
 template <class T>
 void set_if(const CLI::Option* opt, const T& value, std::optional<T>& into) {
   if (opt->count() > 0) into = value;
+}
+
+// `accel test` runs in accel-test, next to this program: it links LibTorch,
+// which would add about a second to the start of every accel command.
+// Returns only when the exec fails.
+int exec_accel_test(int argc, char** argv) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string name = ((ec ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) / "accel-test").string();
+  std::vector<char*> args{name.data()};
+  int i = 1;
+  while (i < argc && std::string(argv[i]) != "test") ++i;
+  for (++i; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(name.c_str(), args.data());
+  std::cerr << "accel: `accel test` runs " << name << ", which could not be started ("
+            << std::strerror(errno) << "). Build it with accel (the accel_test_cli target, built "
+            << "with accel_cli) and keep it next to the accel program.\n";
+  return 1;
 }
 
 }  // namespace
@@ -100,20 +124,7 @@ int main(int argc, char** argv) {
       "test", "Check this machine's setup: rendezvous, all_reduce, gradient sync and "
               "save_state/load_state on N local processes, with the config's backend and "
               "mixed precision");
-  accel::cli::TestFlags tf;
-  std::string test_config, test_backend, test_mp;
-  auto* o_test_cf = test->add_option("--config_file", test_config,
-                                     "Config file to read (default: the one `accel launch` reads)");
-  auto* o_test_be = test->add_option("--backend", test_backend, "gloo | mpi | nccl")
-                        ->check(CLI::IsMember({"gloo", "mpi", "nccl"}));
-  auto* o_test_mp = test->add_option("--mixed_precision", test_mp, "no | fp16 | bf16")
-                        ->check(CLI::IsMember({"no", "fp16", "bf16"}));
-  test->add_option("--num_processes", tf.num_processes, "Processes to start (at least 2)")
-      ->capture_default_str();
-  test->add_option("--timeout", tf.timeout,
-                   "Seconds the whole test may run; then every process is stopped, accel says "
-                   "where each one waited and exits with 124")
-      ->capture_default_str();
+  accel::cli::TestOptions test_options(*test);  // for --help and checks; accel-test reads them
 
   // `accel launch [OPTIONS] -- PROGRAM ...`: CLI11 would take what follows "--"
   // as extras; parse up to it and hand the rest to the program, unless the
@@ -162,12 +173,7 @@ int main(int argc, char** argv) {
       f.command = after_dashes.empty() ? launch->remaining() : after_dashes;
       return accel::cli::run_launch(f);
     }
-    if (*test) {
-      set_if(o_test_cf, test_config, tf.config_file);
-      set_if(o_test_be, test_backend, tf.backend);
-      set_if(o_test_mp, test_mp, tf.mixed_precision);
-      return accel::cli::run_test(tf, std::cout, std::cerr);
-    }
+    if (*test) return exec_accel_test(argc, argv);
     if (*env) {
       std::optional<std::string> path;
       set_if(o_env_cf, env_config, path);

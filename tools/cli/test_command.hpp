@@ -27,15 +27,9 @@
 #include <accel/launch/notebook_launcher.hpp>
 
 #include "test_checks.hpp"
+#include "test_options.hpp"
 
 namespace accel::cli {
-
-/// What the command line says; unset: from the config file.
-struct TestFlags {
-  std::optional<std::string> config_file, backend, mixed_precision;
-  int num_processes = 2;
-  int timeout = 120;  ///< seconds for everything, both launches included
-};
 
 /// Flags > config file > defaults (gloo, no mixed precision). Refuses what
 /// this build cannot run before any process starts.
