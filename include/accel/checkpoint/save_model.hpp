@@ -13,10 +13,13 @@
 #include <torch/torch.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -45,6 +48,9 @@ namespace accel::ckpt {
 
 inline constexpr std::string_view kModelFile = "model.safetensors";
 inline constexpr std::string_view kIndexFile = "model.safetensors.index.json";
+/// Metadata key (every shard's and the index's) naming the save_model call
+/// that wrote them: load_index refuses shards of another save.
+inline constexpr std::string_view kSaveIdKey = "accel_save_id";
 
 /// Bytes meant by a size string such as "10GB" (see SaveModelOptions).
 inline std::uint64_t parse_size(std::string_view text) {
@@ -141,6 +147,25 @@ inline bool is_shard_name(std::string_view name) {
   return true;
 }
 
+/// Where save_model writes a shard before the set is put in place.
+inline std::string staging_name(const std::string& shard) { return "." + shard + ".accel-new"; }
+inline bool is_staging_name(std::string_view name) {
+  constexpr std::string_view suffix = ".accel-new";
+  return name.size() > suffix.size() + 1 && name.front() == '.' &&
+         name.substr(name.size() - suffix.size()) == suffix &&
+         is_shard_name(name.substr(1, name.size() - suffix.size() - 1));
+}
+
+/// A save id: 16 hex digits, different for every save_model call.
+inline std::string new_save_id() {
+  std::random_device rd;
+  const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32 ^ rd()) ^ now;
+  char buffer[17];
+  std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(v));
+  return buffer;
+}
+
 /// Greedy split in key order, as Accelerate/Hugging Face: a new shard starts
 /// when the next tensor would push the current one past `limit` (a tensor
 /// larger than the limit thus gets its own shard); a tensor tied to an earlier
@@ -210,10 +235,24 @@ inline NamedTensors load_index(const std::filesystem::path& index_path) {
     if (std::find(files.begin(), files.end(), name) == files.end()) files.push_back(name);
     where.emplace(key, name);
   }
+  // Written by accel: every shard must come from the same save_model call.
+  std::optional<std::string> save_id;
+  if (index.contains("metadata") && index["metadata"].is_object() &&
+      index["metadata"].contains(std::string(kSaveIdKey)) && index["metadata"][std::string(kSaveIdKey)].is_string())
+    save_id = index["metadata"][std::string(kSaveIdKey)].get<std::string>();
   NamedTensors out;
   std::map<std::string, std::string> found;  // tensor -> file it came from
   for (const auto& name : files) {
-    for (auto& entry : read_safetensors(index_path.parent_path() / name).tensors) {
+    auto contents = read_safetensors(index_path.parent_path() / name);
+    if (save_id) {
+      const auto it = contents.metadata.find(std::string(kSaveIdKey));
+      if (it == contents.metadata.end() || it->second != *save_id)
+        throw fail("'" + name + "' was written by another save_model() than the index (save " +
+                   (it == contents.metadata.end() ? std::string("unknown") : it->second) + ", index " +
+                   *save_id + "): a save was interrupted while it put its files in place, or files "
+                   "of two saves were copied together; loading would mix two models");
+    }
+    for (auto& entry : contents.tensors) {
       if (!found.emplace(entry.first, name).second)
         throw fail("tensor '" + entry.first + "' is in both '" + found[entry.first] + "' and '" +
                    name + "'");
@@ -307,11 +346,33 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
     save_safetensors(dir / kModelFile, shards[0], {}, options.checksum);
     written.insert(std::string(kModelFile));
   } else {
-    nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+    // The shards are written under staging names first (a failure or a kill
+    // while writing leaves the previous save whole), then renamed into place
+    // and the index written last. All carry one save id, so a kill during
+    // the renames is an error at load time, never a silent mix of two saves.
+    const std::string save_id = detail::new_save_id();
+    nlohmann::json index = {{"metadata", {{"total_size", total_size}, {std::string(kSaveIdKey), save_id}}},
                             {"weight_map", nlohmann::json::object()}};
+    std::vector<std::string> names;
+    try {
+      for (std::size_t i = 0; i < shards.size(); ++i) {
+        names.push_back(detail::shard_name(i + 1, shards.size()));
+        save_safetensors(dir / detail::staging_name(names.back()), shards[i],
+                         {{std::string(kSaveIdKey), save_id}}, options.checksum);
+      }
+    } catch (...) {
+      for (const auto& name : names) fs::remove(dir / detail::staging_name(name), ec);
+      throw;
+    }
+    for (const auto& name : names) {
+      fs::rename(dir / detail::staging_name(name), dir / name, ec);
+      if (ec)
+        throw Error("accel: save_model could not move '" + detail::staging_name(name) + "' to '" + name +
+                    "' in '" + dir.string() + "': " + ec.message() + ". The index was not written; "
+                    "free the directory and save again.");
+    }
     for (std::size_t i = 0; i < shards.size(); ++i) {
-      const std::string name = detail::shard_name(i + 1, shards.size());
-      save_safetensors(dir / name, shards[i], {}, options.checksum);
+      const std::string& name = names[i];
       written.insert(name);
       // Only stored tensors, as Hugging Face lists them; tied names live in
       // the shard's metadata.
@@ -330,7 +391,8 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
   // models at load time.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name);
+    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name) ||
+                      detail::is_staging_name(name);  // left by an interrupted save
     if (ours && written.count(name) == 0 && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
   }
 }

@@ -145,6 +145,7 @@ TEST_CASE("save_module shards greedily with Hugging Face names and index",
   CHECK(files_in(dir) == std::set<std::string>{s1, s2, s3, s4, "model.safetensors.index.json"});
   const std::string expected_index = R"({
   "metadata": {
+    "accel_save_id": "SAVE_ID",
     "total_size": 148
   },
   "weight_map": {
@@ -160,7 +161,15 @@ TEST_CASE("save_module shards greedily with Hugging Face names and index",
   }
 }
 )";
-  CHECK(read_text(dir / "model.safetensors.index.json") == expected_index);
+  // The save id (16 hex digits, random per save) is in every shard too.
+  auto index_text = read_text(dir / "model.safetensors.index.json");
+  const auto id_at = index_text.find("\"accel_save_id\": \"") + 18;
+  const std::string save_id = index_text.substr(id_at, 16);
+  CHECK(save_id.find_first_not_of("0123456789abcdef") == std::string::npos);
+  index_text.replace(id_at, 16, "SAVE_ID");
+  CHECK(index_text == expected_index);
+  for (const auto& s : {s1, s2, s3, s4})
+    CHECK(accel::ckpt::detail::read_safetensors_header(dir / s).metadata.at("accel_save_id") == save_id);
   CHECK(accel::ckpt::load_safetensors(dir / s3).size() == 3);
   // Every shard records its data's checksum (SaveModelOptions::checksum)...
   for (const auto& s : {s1, s2, s3, s4})
@@ -281,4 +290,46 @@ TEST_CASE("load_module lists the offending keys and leaves the module untouched"
     std::ofstream(d3 / "model.safetensors.index.json") << "{not json";
     CHECK_THROWS_WITH(load_module(*small, d3), Catch::Matchers::ContainsSubstring("is not valid JSON"));
   }
+}
+
+// Issue 13 B12: save_model's shards and index form one set. A shard of
+// another save is refused at load (not mixed in); a save that fails while
+// writing leaves the previous set whole; staging files of an interrupted
+// save are removed by the next one.
+TEST_CASE("save_module: shards of another save are refused, a failed save leaves the previous one",
+          "[checkpoint][save_model]") {
+  auto a = make_net(11), b = make_net(12);
+  const fs::path dir = fresh_dir("set_a"), other = fresh_dir("set_b");
+  save_module(*a, dir, {"50"});
+  save_module(*b, other, {"50"});
+  const std::string s2 = "model-00002-of-00004.safetensors";
+
+  // A save that fails while writing its shards: the third one cannot be
+  // staged (a directory holds its staging name). The previous set loads.
+  const fs::path blocker = dir / ".model-00003-of-00004.safetensors.accel-new";
+  fs::create_directories(blocker / "x");
+  CHECK_THROWS(save_module(*b, dir, {"50"}));
+  fs::remove_all(blocker);
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".accel-new") == std::string::npos);
+  auto loaded = make_net(13);
+  load_module(*loaded, dir);
+  CHECK(same_state(*a, *loaded));
+
+  // One shard from another save (a kill between the renames, or a copy):
+  // an error naming it, and the module is left as it was.
+  fs::copy_file(other / s2, dir / s2, fs::copy_options::overwrite_existing);
+  auto target = make_net(14), untouched = make_net(14);
+  CHECK_THROWS_WITH(load_module(*target, dir),
+                    Catch::Matchers::ContainsSubstring("'" + s2 + "' was written by another save_model() than the index") &&
+                        Catch::Matchers::ContainsSubstring("would mix two models"));
+  CHECK(same_state(*target, *untouched));
+
+  // Staging files left by an interrupted save are removed by the next save.
+  std::ofstream(dir / ".model-00001-of-00002.safetensors.accel-new") << "partial";
+  save_module(*a, dir, {"50"});
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".accel-new") == std::string::npos);
+  load_module(*loaded, dir);
+  CHECK(same_state(*a, *loaded));
 }
