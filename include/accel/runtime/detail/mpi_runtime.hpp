@@ -191,9 +191,19 @@ inline MPI_Comm join_singletons(const ProcessEnv& env, c10d::Store& store,
     }
     store_set_string(store, "accel/mpi/uri", uri);
   }
-  const std::string uri = store_get_string(store, "accel/mpi/uri");
-  ACCEL_CHECK(!uri.empty(), "accel: rank 0 could not start ompi-server for backend::Mpi. Start "
-                            "the program with `mpirun -np N`.");
+  std::string uri;
+  try {
+    uri = store_get_string(store, "accel/mpi/uri");
+  } catch (const std::exception& e) {
+    // Rank 0 serves the store: when it fails here, its exit cuts the
+    // connection, and the launcher must report rank 0's error, not this one.
+    const std::string what = e.what();
+    throw Error(accel::detail::concat("accel: backend::Mpi: rank ", env.rank, " lost the rendezvous "
+                                      "store on rank 0 while joining (", what.substr(0, what.find('\n')),
+                                      "). ", accel::detail::kPeerVanished, " or failed: look at rank 0's error."));
+  }
+  ACCEL_CHECK(!uri.empty(), "accel: rank 0 could not start ompi-server for backend::Mpi ",
+              accel::detail::kFailedElsewhere, ". Start the program with `mpirun -np N`.");
   ::setenv("OMPI_MCA_pmix_server_uri", uri.c_str(), 1);
   rt.ensure_initialized();
 
