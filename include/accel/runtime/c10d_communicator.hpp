@@ -6,6 +6,7 @@
 #define ACCEL_RUNTIME_C10D_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -21,6 +22,8 @@
 #include <accel/detail/torch_version.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
+#include <accel/runtime/detail/slow_collective.hpp>
+#include <accel/runtime/detail/wait_reports.hpp>
 #include <accel/runtime/heartbeat.hpp>
 #include <accel/runtime/process_env.hpp>
 
@@ -64,18 +67,22 @@ inline c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 /// A c10d work plus what must happen after it (copy out of a temporary or a
-/// host staging buffer); wait() honours the timeout and names the backend and op.
+/// host staging buffer); wait() honours the timeout and names the backend and
+/// op. With a watch (Gloo), a wait longer than 5 s says who is missing.
 class C10dWork final : public Work {
  public:
   C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string_view backend, std::string op, int rank,
-           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
+           int size, std::chrono::milliseconds timeout, std::function<void()> then = {},
+           std::shared_ptr<SlowCollectiveWatch> watch = {})
       : work_(std::move(work)), backend_(backend), op_(std::move(op)), rank_(rank), size_(size),
-        timeout_(timeout), then_(std::move(then)) {}
+        timeout_(timeout), then_(std::move(then)), watch_(std::move(watch)),
+        seq_(watch_ ? watch_->next_seq() : 0) {}
 
   void wait() override {
     if (done_) return;
     try {
-      work_->wait(timeout_);
+      if (watch_) wait_watched();
+      else work_->wait(timeout_);
     } catch (const std::exception& e) {
       rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
     }
@@ -87,12 +94,38 @@ class C10dWork final : public Work {
   bool is_completed() override { return done_ || work_->isCompleted(); }
 
  private:
+  using Clock = SlowCollectiveWatch::Clock;
+
+  /// Waits in slices of 5 s (c10d's timed wait throws "Operation timed out!"
+  /// at the end of a slice and leaves the work running); between slices the
+  /// watch reports. The backend's own timeout still ends a collective that
+  /// never completes; past it (and a margin), so does this loop.
+  void wait_watched() {
+    const auto start = Clock::now();
+    WaitReports reports(start, std::chrono::seconds(10));
+    bool published = false;
+    for (;;) {
+      try {
+        if (work_->wait(std::chrono::milliseconds(5000)) || work_->isCompleted()) return;
+      } catch (const c10::Error& e) {
+        if (std::string(e.what()).find("Operation timed out") == std::string::npos || work_->isCompleted())
+          throw;
+      }
+      const auto waited = Clock::now() - start;
+      if (waited > timeout_ + std::chrono::seconds(10))
+        throw std::runtime_error("Timed out: the collective did not complete");
+      watch_->waiting(op_, seq_, waited, published, reports);
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> work_;
   std::string_view backend_;
   std::string op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::function<void()> then_;
+  std::shared_ptr<SlowCollectiveWatch> watch_;
+  std::uint64_t seq_;
   bool done_ = false;
 };
 
@@ -210,7 +243,7 @@ class C10dCommunicator : public Communicator {
       detail::rethrow_collective_error(e, name_, op, rank_, size_, timeout_);
     }
     return std::make_shared<detail::C10dWork>(std::move(w), name_, op, rank_, size_, timeout_,
-                                              std::move(then));
+                                              std::move(then), watch_);
   }
 
   std::string_view name_;
@@ -220,6 +253,8 @@ class C10dCommunicator : public Communicator {
   Staging staging_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<detail::C10dGroup> group_;
+  /// Set by backends whose waits block on the host (Gloo): reports slow waits.
+  std::shared_ptr<detail::SlowCollectiveWatch> watch_;
 };
 
 }  // namespace accel::runtime

@@ -71,6 +71,7 @@ class GlooCommunicator final : public C10dCommunicator {
     opts->devices.push_back(detail::make_gloo_device(env));
     opts->threads = options.threads;
     make_group([&] { return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts); });
+    watch_ = std::make_shared<detail::SlowCollectiveWatch>(store_, std::string(name_), rank_, size_, timeout_);
   }
 
   /// Gloo sums float16 (gloo::float16) but has no bfloat16 sum in 1.13.

@@ -4,6 +4,7 @@
 #ifndef ACCEL_RUNTIME_STORE_HPP
 #define ACCEL_RUNTIME_STORE_HPP
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -26,6 +27,7 @@
 #include <accel/detail/torch_version.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/detail/tcp_probe.hpp>
+#include <accel/runtime/detail/wait_reports.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/runtime/restart_count.hpp>
 
@@ -69,25 +71,24 @@ inline bool contains(const std::string& text, const char* what) {
               ". Check MASTER_ADDR/MASTER_PORT and that every rank can reach rank 0.");
 }
 
-/// When a wait that goes on is reported: after 5, 10, 20, 40 ... s, then every 5 minutes.
-class WaitReports {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit WaitReports(Clock::time_point start) : start_(start) {}
-  bool due() {
-    if (Clock::now() - start_ < next_) return false;
-    next_ = std::min(next_ * 2, next_ + std::chrono::seconds(300));
-    return true;
+/// Rank 0's store listens on MASTER_ADDR only, not on every interface, where
+/// LibTorch lets accel hand it the listening socket (TCPStoreOptions::
+/// masterListenFd, LibTorch 2.x; 1.13 has none and listens everywhere). Only
+/// for an IPv4 literal: a host name may resolve to IPv6 first, which the
+/// clients would then try. An address that is not this machine's (behind
+/// NAT) falls back to every interface, as before; a busy port is left to
+/// c10d, whose error says so.
+template <class Options>
+void listen_on_given_address(Options& opts, const ProcessEnv& env) {
+  if constexpr (requires { opts.masterListenFd = 0; }) {
+    in_addr literal{};
+    if (env.master_port == 0 || ::inet_pton(AF_INET, env.master_addr.c_str(), &literal) != 1) return;
+    const int fd = bind_tcp(env.master_addr, env.master_port);
+    if (fd < 0) return;
+    ::listen(fd, 2048);  // every rank connects at once
+    opts.masterListenFd = fd;  // the store owns it from here
   }
-  /// Whole seconds waited, rounded.
-  long long seconds() const {
-    return (std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_).count() + 500) / 1000;
-  }
-
- private:
-  Clock::time_point start_;
-  std::chrono::seconds next_{5};
-};
+}
 
 /// Text from the environment as messages quote it: at most 80 characters.
 inline std::string shown(const std::string& text) {
@@ -238,6 +239,7 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   // build without libuv support"); the classic server is in every build.
   opts.useLibUV = false;
 #endif
+  if (opts.isServer) detail::listen_on_given_address(opts, env);
   std::ostream& log = std::cerr;
   detail::WaitReports reports(detail::WaitReports::Clock::now());
   const auto deadline = detail::WaitReports::Clock::now() + options.timeout;

@@ -327,6 +327,25 @@ TEST_CASE("make_store: busy port on rank 0 and unreachable master", "[runtime][s
 }
 
 namespace {
+template <class O>
+constexpr bool can_hand_over_socket = requires(O o) { o.masterListenFd = 0; };
+}  // namespace
+
+TEST_CASE("make_store: rank 0's store listens on MASTER_ADDR only where LibTorch allows it",
+          "[runtime][store]") {
+  const int port = free_port();
+  auto store = make_store(env_for(0, 1, port), StoreOptions{5s, std::nullopt});
+  CHECK(accel::runtime::detail::try_connect("127.0.0.1", port, 2s) == 0);
+  // 127.0.0.2 is this machine too, but not the address given.
+  const int other = accel::runtime::detail::try_connect("127.0.0.2", port, 2s);
+  if constexpr (can_hand_over_socket<c10d::TCPStoreOptions>) {
+    CHECK(other == ECONNREFUSED);
+  } else {
+    CHECK(other == 0);  // LibTorch 1.13: c10d binds every interface (docs/launching.md)
+  }
+}
+
+namespace {
 /// This process's stderr (fd 2) goes to `file` from now on (forked children).
 void stderr_to(const std::string& file) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -432,6 +451,29 @@ TEST_CASE("make_store: a rank that reaches another job's store leaves with a mes
     }
     throw std::runtime_error("rank 1 joined another job");
   });
+  require_all_zero(codes);
+}
+
+TEST_CASE("gloo: a rank that waits long in a collective names the process that has not reached it",
+          "[runtime][gloo][slow]") {
+  const int port = free_port();
+  auto codes = fork_ranks(3, [&](int rank) {
+    const auto log = scratch("slow_wait_" + std::to_string(rank) + ".log");
+    auto comm = make_gloo_communicator(env_for(rank, 3, port), GlooOptions{60s, std::nullopt});
+    comm->barrier();  // collective #1
+    if (rank == 2) std::this_thread::sleep_for(12s);  // busy in its own code
+    if (rank != 2) stderr_to(log);
+    auto t = torch::full({4}, static_cast<float>(rank + 1));
+    comm->all_reduce(t)->wait();  // collective #2
+    if (!torch::equal(t, torch::full({4}, 6.0f))) throw std::runtime_error("wrong sum after the wait");
+    if (rank == 2) return;
+    const std::string text = slurp(log);
+    require_in(text, "accel: rank " + std::to_string(rank) + " has waited 10 s in Gloo all_reduce (its "
+                     "collective #2) for the other processes; process 2 has not reached it (still "
+                     "computing or loading data, hung, or skipped this collective). It gives up after 60 s.");
+    if (text.find("process " + std::to_string(1 - rank)) != std::string::npos)
+      throw std::runtime_error("a rank that was waiting too was named: " + text);
+  }, 60s);
   require_all_zero(codes);
 }
 
