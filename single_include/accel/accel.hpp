@@ -634,6 +634,7 @@ class CountingCommunicator final : public Communicator {
 #define ACCEL_RUNTIME_C10D_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -646,6 +647,139 @@ class CountingCommunicator final : public Communicator {
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
+// begin <accel/runtime/detail/slow_collective.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines SlowCollectiveWatch: a rank that waits long in a collective
+/// says so, and names the processes that have not reached it (one that hangs
+/// in its own code, loads data forever, or skipped the collective), instead of
+/// waiting silently until the backend's timeout. Nothing happens on the fast
+/// path: a wait that ends within 5 s costs what it did before.
+#ifndef ACCEL_RUNTIME_DETAIL_SLOW_COLLECTIVE_HPP
+#define ACCEL_RUNTIME_DETAIL_SLOW_COLLECTIVE_HPP
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+// begin <accel/runtime/detail/wait_reports.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines WaitReports: when a wait that goes on (a rendezvous, machines
+/// that have not joined) is reported. Free of LibTorch (the launchers use it).
+#ifndef ACCEL_RUNTIME_DETAIL_WAIT_REPORTS_HPP
+#define ACCEL_RUNTIME_DETAIL_WAIT_REPORTS_HPP
+
+#include <algorithm>
+#include <chrono>
+
+namespace accel::runtime::detail {
+
+/// When a wait that goes on is reported: after 5, 10, 20, 40 ... s (or from
+/// `first` on, doubling), then every 5 minutes.
+class WaitReports {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit WaitReports(Clock::time_point start, std::chrono::seconds first = std::chrono::seconds(5))
+      : start_(start), next_(first) {}
+  bool due() {
+    if (Clock::now() - start_ < next_) return false;
+    next_ = std::min(next_ * 2, next_ + std::chrono::seconds(300));
+    return true;
+  }
+  /// Whole seconds waited, rounded.
+  long long seconds() const {
+    return (std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_).count() + 500) / 1000;
+  }
+
+ private:
+  Clock::time_point start_;
+  std::chrono::seconds next_;
+};
+
+}  // namespace accel::runtime::detail
+
+#endif  // ACCEL_RUNTIME_DETAIL_WAIT_REPORTS_HPP
+// end <accel/runtime/detail/wait_reports.hpp>
+
+namespace accel::runtime::detail {
+
+/// Shared by a communicator's work handles. Each rank that has waited 5 s in
+/// its collective number `seq` writes seq under its key in the rendezvous
+/// store; at 10, 20, 40 ... s it reads the others' keys: a process whose key is
+/// missing or lower has not reached this collective.
+class SlowCollectiveWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::seconds kPublishAfter{5};
+
+  SlowCollectiveWatch(c10::intrusive_ptr<c10d::Store> store, std::string backend, int rank, int size,
+                      std::chrono::milliseconds timeout, std::ostream& log = std::cerr)
+      : store_(std::move(store)), backend_(std::move(backend)), rank_(rank), size_(size),
+        timeout_(timeout), log_(log) {}
+
+  /// The number the next collective gets (all ranks issue them in one order).
+  std::uint64_t next_seq() { return seq_.fetch_add(1) + 1; }
+
+  /// Called when a wait has gone on for `waited`: publish once, report when due.
+  void waiting(const std::string& op, std::uint64_t seq, Clock::duration waited, bool& published,
+               WaitReports& reports) {
+    if (!published && waited >= kPublishAfter) {
+      published = true;
+      try {
+        const std::string value = std::to_string(seq);
+        store_->set(key(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+      } catch (const std::exception&) {
+        // The store's host (rank 0) is gone: the collective fails by itself soon.
+      }
+    }
+    if (!reports.due()) return;
+    std::string missing;
+    int absent = 0;
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || reached(r, seq)) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        ++absent;
+      }
+    } catch (const std::exception&) {
+      missing.clear();
+    }
+    log_ << "accel: rank " << rank_ << " has waited " << reports.seconds() << " s in " << backend_ << " "
+         << op << " (its collective #" << seq << ") for the other processes; "
+         << (missing.empty() ? std::string("all have reached it (a slow network or a large tensor?)")
+                             : std::string(absent == 1 ? "process " : "processes ") + missing +
+                                   (absent == 1 ? " has" : " have") +
+                                   " not reached it (still computing or loading data, hung, or "
+                                   "skipped this collective)")
+         << ". It gives up after " << timeout_.count() / 1000 << " s." << std::endl;
+  }
+
+ private:
+  static std::string key(int rank) { return "accel/collective_progress/" + std::to_string(rank); }
+
+  bool reached(int r, std::uint64_t seq) {
+    if (!store_->check({key(r)})) return false;
+    const auto v = store_->get(key(r));
+    return std::stoull(std::string(v.begin(), v.end())) >= seq;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string backend_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::ostream& log_;
+  std::atomic<std::uint64_t> seq_{0};  // collectives may be launched from autograd's threads
+};
+
+}  // namespace accel::runtime::detail
+
+#endif  // ACCEL_RUNTIME_DETAIL_SLOW_COLLECTIVE_HPP
+// end <accel/runtime/detail/slow_collective.hpp>
 // begin <accel/runtime/heartbeat.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::heartbeat(): a worker's sign of progress for
@@ -743,18 +877,22 @@ inline c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 /// A c10d work plus what must happen after it (copy out of a temporary or a
-/// host staging buffer); wait() honours the timeout and names the backend and op.
+/// host staging buffer); wait() honours the timeout and names the backend and
+/// op. With a watch (Gloo), a wait longer than 5 s says who is missing.
 class C10dWork final : public Work {
  public:
   C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string_view backend, std::string op, int rank,
-           int size, std::chrono::milliseconds timeout, std::function<void()> then = {})
+           int size, std::chrono::milliseconds timeout, std::function<void()> then = {},
+           std::shared_ptr<SlowCollectiveWatch> watch = {})
       : work_(std::move(work)), backend_(backend), op_(std::move(op)), rank_(rank), size_(size),
-        timeout_(timeout), then_(std::move(then)) {}
+        timeout_(timeout), then_(std::move(then)), watch_(std::move(watch)),
+        seq_(watch_ ? watch_->next_seq() : 0) {}
 
   void wait() override {
     if (done_) return;
     try {
-      work_->wait(timeout_);
+      if (watch_) wait_watched();
+      else work_->wait(timeout_);
     } catch (const std::exception& e) {
       rethrow_collective_error(e, backend_, op_, rank_, size_, timeout_);
     }
@@ -766,12 +904,38 @@ class C10dWork final : public Work {
   bool is_completed() override { return done_ || work_->isCompleted(); }
 
  private:
+  using Clock = SlowCollectiveWatch::Clock;
+
+  /// Waits in slices of 5 s (c10d's timed wait throws "Operation timed out!"
+  /// at the end of a slice and leaves the work running); between slices the
+  /// watch reports. The backend's own timeout still ends a collective that
+  /// never completes; past it (and a margin), so does this loop.
+  void wait_watched() {
+    const auto start = Clock::now();
+    WaitReports reports(start, std::chrono::seconds(10));
+    bool published = false;
+    for (;;) {
+      try {
+        if (work_->wait(std::chrono::milliseconds(5000)) || work_->isCompleted()) return;
+      } catch (const c10::Error& e) {
+        if (std::string(e.what()).find("Operation timed out") == std::string::npos || work_->isCompleted())
+          throw;
+      }
+      const auto waited = Clock::now() - start;
+      if (waited > timeout_ + std::chrono::seconds(10))
+        throw std::runtime_error("Timed out: the collective did not complete");
+      watch_->waiting(op_, seq_, waited, published, reports);
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> work_;
   std::string_view backend_;
   std::string op_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::function<void()> then_;
+  std::shared_ptr<SlowCollectiveWatch> watch_;
+  std::uint64_t seq_;
   bool done_ = false;
 };
 
@@ -889,7 +1053,7 @@ class C10dCommunicator : public Communicator {
       detail::rethrow_collective_error(e, name_, op, rank_, size_, timeout_);
     }
     return std::make_shared<detail::C10dWork>(std::move(w), name_, op, rank_, size_, timeout_,
-                                              std::move(then));
+                                              std::move(then), watch_);
   }
 
   std::string_view name_;
@@ -899,6 +1063,8 @@ class C10dCommunicator : public Communicator {
   Staging staging_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<detail::C10dGroup> group_;
+  /// Set by backends whose waits block on the host (Gloo): reports slow waits.
+  std::shared_ptr<detail::SlowCollectiveWatch> watch_;
 };
 
 }  // namespace accel::runtime
@@ -912,6 +1078,7 @@ class C10dCommunicator : public Communicator {
 #ifndef ACCEL_RUNTIME_STORE_HPP
 #define ACCEL_RUNTIME_STORE_HPP
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -933,12 +1100,16 @@ class C10dCommunicator : public Communicator {
 
 // begin <accel/runtime/detail/tcp_probe.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines try_connect: one TCP connection attempt with a timeout, to
-/// learn whether a rendezvous address answers before c10d is asked to use it.
+/// @file Defines connect_tcp and try_connect (one TCP connection attempt with a
+/// timeout: does a rendezvous address answer before c10d is asked to use it;
+/// the launchers of several machines) and bind_tcp (a listening socket on the
+/// address given, not on every interface).
 #ifndef ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
 #define ACCEL_RUNTIME_DETAIL_TCP_PROBE_HPP
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -949,18 +1120,19 @@ class C10dCommunicator : public Communicator {
 
 namespace accel::runtime::detail {
 
-/// Connects to host:port (each address it resolves to, in order) and closes
-/// again. Returns 0 when something accepted, else the errno of the last
-/// attempt: ECONNREFUSED (the host answered, nobody listens there),
-/// ETIMEDOUT (no answer within `timeout`), EHOSTUNREACH ..., or EADDRNOTAVAIL
-/// when the host does not resolve.
-inline int try_connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+/// Connects to host:port (each address it resolves to, in order) within
+/// `timeout`. Returns the connected non-blocking, close-on-exec descriptor,
+/// or -1 with `err` set to the errno of the last attempt: ECONNREFUSED (the
+/// host answered, nobody listens there), ETIMEDOUT (no answer within
+/// `timeout`), EHOSTUNREACH ..., or EADDRNOTAVAIL when the host does not resolve.
+inline int connect_tcp(const std::string& host, int port, std::chrono::milliseconds timeout, int& err) {
   ::addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   ::addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return EADDRNOTAVAIL;
-  int err = EADDRNOTAVAIL;
-  for (const ::addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  err = EADDRNOTAVAIL;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  int connected = -1;
+  for (const ::addrinfo* a = found; a != nullptr && connected < 0; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       err = errno;
@@ -974,11 +1146,48 @@ inline int try_connect(const std::string& host, int port, std::chrono::milliseco
       if (ready == 0) err = ETIMEDOUT;
       else if (ready < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     }
-    ::close(fd);
-    if (err == 0) break;
+    if (err == 0) connected = fd;
+    else ::close(fd);
   }
   ::freeaddrinfo(found);
+  return connected;
+}
+
+/// Connects to host:port and closes again: 0 when something accepted, else
+/// connect_tcp's errno.
+inline int try_connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  int err = 0;
+  const int fd = connect_tcp(host, port, timeout, err);
+  if (fd >= 0) ::close(fd);
   return err;
+}
+
+/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
+/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
+/// or -errno.
+inline int bind_tcp(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  // An address of this machine we cannot bind to (a hostname, another host's
+  // address) still tells us whether the port is free on all interfaces.
+  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  }
+  if (rc != 0 || ::listen(fd, 1) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  return fd;
 }
 
 }  // namespace accel::runtime::detail
@@ -1051,25 +1260,24 @@ inline bool contains(const std::string& text, const char* what) {
               ". Check MASTER_ADDR/MASTER_PORT and that every rank can reach rank 0.");
 }
 
-/// When a wait that goes on is reported: after 5, 10, 20, 40 ... s, then every 5 minutes.
-class WaitReports {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit WaitReports(Clock::time_point start) : start_(start) {}
-  bool due() {
-    if (Clock::now() - start_ < next_) return false;
-    next_ = std::min(next_ * 2, next_ + std::chrono::seconds(300));
-    return true;
+/// Rank 0's store listens on MASTER_ADDR only, not on every interface, where
+/// LibTorch lets accel hand it the listening socket (TCPStoreOptions::
+/// masterListenFd, LibTorch 2.x; 1.13 has none and listens everywhere). Only
+/// for an IPv4 literal: a host name may resolve to IPv6 first, which the
+/// clients would then try. An address that is not this machine's (behind
+/// NAT) falls back to every interface, as before; a busy port is left to
+/// c10d, whose error says so.
+template <class Options>
+void listen_on_given_address(Options& opts, const ProcessEnv& env) {
+  if constexpr (requires { opts.masterListenFd = 0; }) {
+    in_addr literal{};
+    if (env.master_port == 0 || ::inet_pton(AF_INET, env.master_addr.c_str(), &literal) != 1) return;
+    const int fd = bind_tcp(env.master_addr, env.master_port);
+    if (fd < 0) return;
+    ::listen(fd, 2048);  // every rank connects at once
+    opts.masterListenFd = fd;  // the store owns it from here
   }
-  /// Whole seconds waited, rounded.
-  long long seconds() const {
-    return (std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_).count() + 500) / 1000;
-  }
-
- private:
-  Clock::time_point start_;
-  std::chrono::seconds next_{5};
-};
+}
 
 /// Text from the environment as messages quote it: at most 80 characters.
 inline std::string shown(const std::string& text) {
@@ -1220,6 +1428,7 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const ProcessEnv& env, StoreOp
   // build without libuv support"); the classic server is in every build.
   opts.useLibUV = false;
 #endif
+  if (opts.isServer) detail::listen_on_given_address(opts, env);
   std::ostream& log = std::cerr;
   detail::WaitReports reports(detail::WaitReports::Clock::now());
   const auto deadline = detail::WaitReports::Clock::now() + options.timeout;
@@ -1319,6 +1528,7 @@ class GlooCommunicator final : public C10dCommunicator {
     opts->devices.push_back(detail::make_gloo_device(env));
     opts->threads = options.threads;
     make_group([&] { return c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts); });
+    watch_ = std::make_shared<detail::SlowCollectiveWatch>(store_, std::string(name_), rank_, size_, timeout_);
   }
 
   /// Gloo sums float16 (gloo::float16) but has no bfloat16 sum in 1.13.
@@ -1607,9 +1817,19 @@ inline MPI_Comm join_singletons(const ProcessEnv& env, c10d::Store& store,
     }
     store_set_string(store, "accel/mpi/uri", uri);
   }
-  const std::string uri = store_get_string(store, "accel/mpi/uri");
-  ACCEL_CHECK(!uri.empty(), "accel: rank 0 could not start ompi-server for backend::Mpi. Start "
-                            "the program with `mpirun -np N`.");
+  std::string uri;
+  try {
+    uri = store_get_string(store, "accel/mpi/uri");
+  } catch (const std::exception& e) {
+    // Rank 0 serves the store: when it fails here, its exit cuts the
+    // connection, and the launcher must report rank 0's error, not this one.
+    const std::string what = e.what();
+    throw Error(accel::detail::concat("accel: backend::Mpi: rank ", env.rank, " lost the rendezvous "
+                                      "store on rank 0 while joining (", what.substr(0, what.find('\n')),
+                                      "). ", accel::detail::kPeerVanished, " or failed: look at rank 0's error."));
+  }
+  ACCEL_CHECK(!uri.empty(), "accel: rank 0 could not start ompi-server for backend::Mpi ",
+              accel::detail::kFailedElsewhere, ". Start the program with `mpirun -np N`.");
   ::setenv("OMPI_MCA_pmix_server_uri", uri.c_str(), 1);
   rt.ensure_initialized();
 
@@ -8103,7 +8323,8 @@ struct LaunchOptions {
   /// When a worker fails (throws, exits non-zero, dies by a signal, or hangs:
   /// monitor_interval), every worker is stopped and the whole group started
   /// again, up to this many times; each attempt sees TORCHELASTIC_RESTART_COUNT
-  /// (accel::restart_count()). One node only.
+  /// (accel::restart_count()). Several nodes: every node's launcher restarts
+  /// together (node 0's coordinates on master_port; docs/launching.md).
   int max_restarts = 0;
   /// Hang detection: a worker that made progress (runtime::heartbeat(): each
   /// batch of a prepared loader, each completed collective) and then makes
@@ -8142,200 +8363,76 @@ struct LaunchOptions {
 /// launch`: start the worker group, and when a worker fails start the whole
 /// group again, up to LaunchOptions::max_restarts times. The worker pool
 /// already stops a failed group; this only decides whether to go again, with
-/// which port, and says so. Free of LibTorch (the `accel` command uses it).
+/// which port, and says so. Over several machines the machines' launchers
+/// decide together through their agents (node_agent.hpp). Free of LibTorch
+/// (the `accel` command uses it).
 #ifndef ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
 #define ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
 
+#include <chrono>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
 
-// begin <accel/launch/detail/ports.hpp>
+// begin <accel/launch/detail/node_agent.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines free-port selection and the "is this port taken" check used
-/// before a rendezvous is hosted on main_process_port.
-#ifndef ACCEL_LAUNCH_DETAIL_PORTS_HPP
-#define ACCEL_LAUNCH_DETAIL_PORTS_HPP
+/// @file Defines the agents through which the launchers of several machines
+/// run one elastic launch (LaunchOptions::max_restarts with num_nodes > 1):
+/// machine 0's launcher hosts the rendezvous on master_addr:master_port, the
+/// others connect to it; each attempt starts on every machine together, a
+/// failure anywhere stops every machine's workers within seconds, and
+/// machine 0 decides whether the group starts again. A machine whose launcher
+/// is started again after it died rejoins the next attempt. Free of LibTorch.
+///
+/// Messages (agent_channel.hpp), client -> machine 0:
+///   HELLO protocol node num_nodes processes_per_node max_restarts
+///   RESULT attempt <workers>       this machine's workers after the attempt
+///   ABORT text                     this launch was interrupted or timed out
+/// machine 0 -> client:
+///   START attempt worker_port job_id restart_reason
+///   STOP attempt why               another machine failed: stop the workers
+///   FINISH ok|failed|aborted attempt <workers> | text
+///   REFUSE text                    this launcher cannot join (and why)
+#ifndef ACCEL_LAUNCH_DETAIL_NODE_AGENT_HPP
+#define ACCEL_LAUNCH_DETAIL_NODE_AGENT_HPP
 
-#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+// begin <accel/launch/detail/agent_channel.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the connection between the launchers of several machines
+/// (launch/detail/node_agent.hpp): one TCP stream carrying messages, each a
+/// list of text fields on one line. Free of LibTorch (`accel launch` uses it).
+#ifndef ACCEL_LAUNCH_DETAIL_AGENT_CHANNEL_HPP
+#define ACCEL_LAUNCH_DETAIL_AGENT_CHANNEL_HPP
+
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <string>
-#include <thread>
-#include <utility>
-
-
-namespace accel::detail {
-
-/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
-/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
-/// or -errno.
-inline int bind_tcp(const std::string& addr, int port) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  // An address of this machine we cannot bind to (a hostname, another host's
-  // address) still tells us whether the port is free on all interfaces.
-  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  }
-  if (rc != 0 || ::listen(fd, 1) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
-  }
-  return fd;
-}
-
-/// A port that is free on addr now (the kernel's choice for port 0). Another
-/// process may take it before we use it; the window is short.
-inline int pick_free_port(const std::string& addr = "127.0.0.1") {
-  const int fd = bind_tcp(addr, 0);
-  if (fd < 0)
-    throw Error("accel: cannot find a free port on " + addr + " (" + std::strerror(-fd) +
-                "). Pass a fixed --main_process_port.");
-  sockaddr_in sa{};
-  socklen_t len = sizeof sa;
-  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  if (rc != 0)
-    throw Error("accel: cannot read back the free port chosen on " + addr +
-                ". Pass a fixed --main_process_port.");
-  return ntohs(sa.sin_port);
-}
-
-/// Throws when addr:port cannot be listened on because something holds it.
-inline void ensure_port_free(const std::string& addr, int port) {
-  const int fd = bind_tcp(addr, port);
-  if (fd >= 0) {
-    ::close(fd);
-    return;
-  }
-  if (fd == -EADDRINUSE)
-    throw Error("accel: port " + std::to_string(port) + " on " + addr +
-                " is already in use. Pick another --main_process_port, or pass "
-                "--main_process_port 0 to let accel choose a free one.");
-  if (fd == -EACCES)
-    throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
-                "a --main_process_port above 1023, or 0 to let accel choose.");
-}
-
-/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
-class RemoveAtExit {
- public:
-  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
-  RemoveAtExit(const RemoveAtExit&) = delete;
-  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
-  ~RemoveAtExit() { std::remove(path_.c_str()); }
-
- private:
-  std::string path_;
-};
-
-/// Several nodes: node 0 takes `preferred` if it is free on addr (0: none),
-/// else a free port, and publishes it in `file` (written beside it, then
-/// renamed: readers see all of it or nothing); every other node waits for the
-/// file until `deadline`. A file left by an earlier launch is replaced.
-inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
-                              std::chrono::steady_clock::time_point deadline, int preferred = 0) {
-  namespace fs = std::filesystem;
-  constexpr const char* kTag = "accel-rendezvous-port";
-  if (node_rank == 0) {
-    int port = preferred;
-    if (port != 0) {
-      const int fd = bind_tcp(addr, port);
-      if (fd >= 0) ::close(fd);
-      else port = 0;
-    }
-    if (port == 0) port = pick_free_port(addr);
-    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << kTag << ' ' << port << '\n';
-      out.flush();
-      if (!out)
-        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
-                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
-    }
-    std::error_code ec;
-    fs::rename(tmp, file, ec);
-    if (ec)
-      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
-                  "). Give a rendezvous_file in a writable directory that all nodes share.");
-    return port;
-  }
-  for (;;) {
-    std::ifstream in(file);
-    std::string tag;
-    int port = 0;
-    if (in >> tag >> port) {
-      if (tag != kTag || port < 1 || port > 65535)
-        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
-                    std::to_string(port) + "'). Give a path that only accel launches use.");
-      return port;
-    }
-    if (std::chrono::steady_clock::now() > deadline)
-      throw TimeoutError("accel: node " + std::to_string(node_rank) +
-                         " waited for node 0 to write the port it chose to '" + file +
-                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
-                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-}  // namespace accel::detail
-
-#endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
-// end <accel/launch/detail/ports.hpp>
-// begin <accel/launch/detail/worker_pool.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
-/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
-/// command (fork and exec a program): it starts workers, waits for them with a
-/// deadline, stops all of them when one fails, and never leaves one behind.
-#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
-#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
-
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
-
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <functional>
-#include <iostream>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <utility>
 #include <vector>
 
 // begin <accel/launch/detail/posix.hpp>
@@ -8616,6 +8713,501 @@ class StopSignalGuard {
 #endif  // ACCEL_LAUNCH_DETAIL_POSIX_HPP
 // end <accel/launch/detail/posix.hpp>
 
+namespace accel::detail::launch {
+
+using AgentMessage = std::vector<std::string>;
+
+/// One line: fields joined by tabs; backslash, tab and newline escaped, so a
+/// worker's multi-line error travels as one field.
+inline std::string encode_message(const AgentMessage& fields) {
+  std::string line;
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if (i > 0) line.push_back('\t');
+    for (char c : fields[i]) {
+      if (c == '\\') line += "\\\\";
+      else if (c == '\t') line += "\\t";
+      else if (c == '\n') line += "\\n";
+      else line.push_back(c);
+    }
+  }
+  line.push_back('\n');
+  return line;
+}
+
+inline AgentMessage decode_message(std::string_view line) {
+  AgentMessage fields(1);
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '\t') {
+      fields.emplace_back();
+    } else if (c == '\\' && i + 1 < line.size()) {
+      const char e = line[++i];
+      fields.back().push_back(e == 't' ? '\t' : e == 'n' ? '\n' : e);
+    } else {
+      fields.back().push_back(c);
+    }
+  }
+  return fields;
+}
+
+/// A non-blocking TCP connection to another launcher. The kernel's keepalive
+/// probes notice a machine that vanished without closing it (power loss, a
+/// cut cable) within about 15 s; a process that dies closes it at once.
+class AgentChannel {
+ public:
+  AgentChannel() = default;
+  explicit AgentChannel(Fd fd) : fd_(std::move(fd)) {
+    ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) | O_NONBLOCK);
+    int one = 1, idle = 5, interval = 2, count = 5;
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+
+  bool open() const { return fd_.valid(); }
+  int fd() const { return fd_.get(); }
+  void close() { fd_.reset(); }
+
+  /// Sends one message (waiting up to 5 s for room); false, and closed, if
+  /// the peer is gone. Never raises SIGPIPE.
+  bool send(const AgentMessage& fields) {
+    const std::string line = encode_message(fields);
+    std::size_t done = 0;
+    while (fd_.valid() && done < line.size()) {
+      const ssize_t n = ::send(fd_.get(), line.data() + done, line.size() - done, MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        ::pollfd p{fd_.get(), POLLOUT, 0};
+        if (::poll(&p, 1, 5000) <= 0) close();
+      } else {
+        close();
+      }
+    }
+    return fd_.valid();
+  }
+
+  /// Appends the messages that have arrived to `out`; false once the peer
+  /// closed the connection or it failed (the messages before that still count).
+  /// A peer that sends more than 1 MiB without a line end is not a launcher.
+  bool receive(std::vector<AgentMessage>& out) {
+    if (!fd_.valid()) return false;
+    const bool alive = read_available(fd_.get(), in_);
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = in_.find('\n', start)) != std::string::npos; start = nl + 1)
+      out.push_back(decode_message(std::string_view(in_).substr(start, nl - start)));
+    in_.erase(0, start);
+    if (!alive || in_.size() > (1u << 20)) close();
+    return fd_.valid();
+  }
+
+  /// Waits up to `ms` for something to read (or the peer closing).
+  bool wait_readable(int ms) const {
+    if (!fd_.valid()) return true;
+    ::pollfd p{fd_.get(), POLLIN, 0};
+    return ::poll(&p, 1, ms) != 0;
+  }
+
+ private:
+  Fd fd_;
+  std::string in_;
+};
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_AGENT_CHANNEL_HPP
+// end <accel/launch/detail/agent_channel.hpp>
+// begin <accel/launch/detail/ports.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines free-port selection and the "is this port taken" check used
+/// before a rendezvous is hosted on main_process_port.
+#ifndef ACCEL_LAUNCH_DETAIL_PORTS_HPP
+#define ACCEL_LAUNCH_DETAIL_PORTS_HPP
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+
+namespace accel::detail {
+
+using runtime::detail::bind_tcp;
+
+/// A port that is free on addr now (the kernel's choice for port 0). Another
+/// process may take it before we use it; the window is short.
+inline int pick_free_port(const std::string& addr = "127.0.0.1") {
+  const int fd = bind_tcp(addr, 0);
+  if (fd < 0)
+    throw Error("accel: cannot find a free port on " + addr + " (" + std::strerror(-fd) +
+                "). Pass a fixed --main_process_port.");
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  if (rc != 0)
+    throw Error("accel: cannot read back the free port chosen on " + addr +
+                ". Pass a fixed --main_process_port.");
+  return ntohs(sa.sin_port);
+}
+
+/// Throws when addr:port cannot be listened on because something holds it.
+inline void ensure_port_free(const std::string& addr, int port) {
+  const int fd = bind_tcp(addr, port);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  if (fd == -EADDRINUSE)
+    throw Error("accel: port " + std::to_string(port) + " on " + addr +
+                " is already in use. Pick another --main_process_port, or pass "
+                "--main_process_port 0 to let accel choose a free one.");
+  if (fd == -EACCES)
+    throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
+                "a --main_process_port above 1023, or 0 to let accel choose.");
+}
+
+/// Removes a file on scope exit (node 0's rendezvous file, once its launch ends).
+class RemoveAtExit {
+ public:
+  explicit RemoveAtExit(std::string path) : path_(std::move(path)) {}
+  RemoveAtExit(const RemoveAtExit&) = delete;
+  RemoveAtExit& operator=(const RemoveAtExit&) = delete;
+  ~RemoveAtExit() { std::remove(path_.c_str()); }
+
+ private:
+  std::string path_;
+};
+
+/// Several nodes: node 0 takes `preferred` if it is free on addr (0: none),
+/// else a free port, and publishes it in `file` (written beside it, then
+/// renamed: readers see all of it or nothing); every other node waits for the
+/// file until `deadline`. A file left by an earlier launch is replaced.
+inline int agree_on_free_port(const std::string& file, int node_rank, const std::string& addr,
+                              std::chrono::steady_clock::time_point deadline, int preferred = 0) {
+  namespace fs = std::filesystem;
+  constexpr const char* kTag = "accel-rendezvous-port";
+  if (node_rank == 0) {
+    int port = preferred;
+    if (port != 0) {
+      const int fd = bind_tcp(addr, port);
+      if (fd >= 0) ::close(fd);
+      else port = 0;
+    }
+    if (port == 0) port = pick_free_port(addr);
+    const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kTag << ' ' << port << '\n';
+      out.flush();
+      if (!out)
+        throw Error("accel: cannot write the rendezvous file '" + tmp.string() +
+                    "'. Give a rendezvous_file in a writable directory that all nodes share.");
+    }
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec)
+      throw Error("accel: cannot create the rendezvous file '" + file + "' (" + ec.message() +
+                  "). Give a rendezvous_file in a writable directory that all nodes share.");
+    return port;
+  }
+  for (;;) {
+    std::ifstream in(file);
+    std::string tag;
+    int port = 0;
+    if (in >> tag >> port) {
+      if (tag != kTag || port < 1 || port > 65535)
+        throw Error("accel: '" + file + "' is not an accel rendezvous file (read '" + tag + " " +
+                    std::to_string(port) + "'). Give a path that only accel launches use.");
+      return port;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw TimeoutError("accel: node " + std::to_string(node_rank) +
+                         " waited for node 0 to write the port it chose to '" + file +
+                         "' until the launch timeout. Start node 0 with the same rendezvous_file "
+                         "(a path all nodes see), or pass the same fixed master_port everywhere.");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
+// end <accel/launch/detail/ports.hpp>
+// begin <accel/launch/detail/rank_env.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines what any accel launcher decides before starting workers: the
+/// option checks, each worker's rank variables, its thread count, free ports,
+/// the CUDA-before-fork check and the ACCEL_DEBUG_MODE worker check. Free of
+/// LibTorch so that the `accel` command can use it too.
+#ifndef ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+#define ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdint>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+
+namespace accel::detail::launch {
+
+/// More processes on one machine than this is a typo (num_processes: 100000),
+/// not a plan: 4 per core, at least 8; ACCEL_MAX_LOCAL_PROCESSES raises it.
+inline int max_local_processes() {
+  if (const auto n = positive_env_int("ACCEL_MAX_LOCAL_PROCESSES")) return *n;
+  return std::max(8, 4 * available_cores());
+}
+
+inline void check_local_process_count(int n) {
+  const int limit = max_local_processes();
+  ACCEL_CHECK(n <= limit, "accel: ", n, " processes on this machine is more than ", limit,
+              " (4 per CPU core, ", available_cores(), " cores): each would get a sliver of a "
+              "core and its own copy of the model. Launch fewer, or set "
+              "ACCEL_MAX_LOCAL_PROCESSES=", n, " if you mean it.");
+}
+
+/// Throws accel::Error when the options cannot describe a launch.
+inline void validate(const LaunchOptions& o) {
+  ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
+              ". Launch at least 1 process.");
+  check_local_process_count(o.num_processes);
+  ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
+  ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
+              " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
+              "). Give every node a distinct node_rank below num_nodes.");
+  ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
+              " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
+  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1 || o.rendezvous_file, "accel: master_port 0 "
+              "(pick a free port) with num_nodes = ", o.num_nodes, " needs a rendezvous_file "
+              "through which node 0 tells the others the port. Pass the same fixed master_port on "
+              "every node, or the same rendezvous_file on a filesystem all nodes share.");
+  ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
+              "address of node 0 (\"127.0.0.1\" on one machine).");
+  ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
+              " s. Give a positive timeout.");
+  ACCEL_CHECK(o.max_restarts >= 0, "accel: max_restarts is ", o.max_restarts,
+              ". Give 0 (a failure ends the launch) or the number of restarts allowed.");
+  ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
+              "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
+              " s. Give a positive number of seconds, or leave it unset (no hang detection).");
+  if (o.mixed_precision) {
+    const auto& m = *o.mixed_precision;
+    ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
+                "' is unknown. Use \"no\", \"fp16\" or \"bf16\".");
+  }
+}
+
+/// The torchrun-style variables of the worker `local_rank` on this node.
+/// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
+/// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
+/// worker reaching another job's store leaves (runtime/store.hpp).
+/// restart: the attempt (TORCHELASTIC_RESTART_COUNT, 0 first), as torchrun sets
+/// it together with TORCHELASTIC_MAX_RESTARTS.
+inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {},
+                                int restart = 0) {
+  EnvList env{
+      {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
+      {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.num_processes)},
+      {"NODE_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+  };
+  if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);
+  return env;
+}
+
+/// A fresh random id for the workers of one launch (ACCEL_JOB_ID).
+inline std::string random_job_id() {
+  std::random_device rd;
+  const auto v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  for (int i = 0; i < 16; ++i) id[static_cast<std::size_t>(i)] = kDigits[(v >> (4 * i)) & 0xF];
+  return id;
+}
+
+/// The job id of a launch whose workers all start here (one node); a launch
+/// over several nodes without restarts has none, as each node's launcher would
+/// draw its own (with restarts machine 0's agent draws it for all).
+inline std::string new_job_id(const LaunchOptions& o) { return o.num_nodes == 1 ? random_job_id() : ""; }
+
+/// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
+/// (the user's choice wins), else max(1, cores / local workers).
+inline int threads_per_worker(int local_workers, int cores = available_cores()) {
+  if (auto n = positive_env_int("OMP_NUM_THREADS")) return *n;
+  return std::max(1, cores / std::max(1, local_workers));
+}
+
+/// Resolves host to an IPv4 address (the rendezvous store listens on IPv4).
+inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  ACCEL_CHECK(rc == 0 && res != nullptr, "accel: cannot resolve master_addr '", host, "' (",
+              ::gai_strerror(rc), "). Give an IP address or a host name this machine can resolve.");
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  ::freeaddrinfo(res);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+/// --debug's check of another machine's rendezvous address: resolves it and
+/// tries one TCP connection. A refusal passes (machine 0's launch may simply
+/// not have started yet); no route, or no answer within `timeout` (a firewall,
+/// the wrong address), is an accel::Error saying so.
+inline void check_reachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  (void)resolve_ipv4(host, port);  // a clear error when it does not resolve
+  const int err = runtime::detail::try_connect(host, port, timeout);
+  if (err == 0 || err == ECONNREFUSED) return;
+  throw Error(concat("accel: debug launch: the rendezvous address ", host, ":", port,
+                     " cannot be reached from this machine (",
+                     err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count() / 1000) + " s"
+                                      : std::string(std::strerror(err)),
+                     "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
+                     "the machines."));
+}
+
+/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
+/// -1 with errno set when it is taken.
+inline int try_bind(const std::string& host, int port) {
+  const int fd = accel::detail::bind_tcp(host, port);
+  if (fd < 0) {
+    errno = -fd;
+    return -1;
+  }
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return rc == 0 ? ntohs(addr.sin_port) : -1;
+}
+
+/// A port on host that is free now (the kernel's choice). It is released before
+/// the workers start, so another program could take it in between: rare, and
+/// the rendezvous then fails with the port in its message.
+using accel::detail::pick_free_port;
+using accel::detail::agree_on_free_port;
+using accel::detail::RemoveAtExit;
+
+/// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
+/// the CUDA runtime loads it on its first call, and a forked child can then no
+/// longer use CUDA. Reading the maps never initialises CUDA itself, which no
+/// LibTorch 1.13/2.x C++ query guarantees (device_count() calls cuInit).
+inline bool cuda_driver_loaded(std::string_view maps) {
+  for (std::size_t pos = 0; (pos = maps.find("libcuda.so", pos)) != std::string_view::npos; ++pos)
+    if (pos == 0 || maps[pos - 1] == '/') return true;
+  return false;
+}
+
+inline bool cuda_driver_loaded_in_this_process() {
+  std::ifstream in("/proc/self/maps");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cuda_driver_loaded(ss.str());
+}
+
+/// Accelerate's most reported notebook failure, refused before forking.
+inline void refuse_fork_after_cuda() {
+  ACCEL_CHECK(!cuda_driver_loaded_in_this_process(),
+              "accel: CUDA has already been initialised in this process, and forked workers "
+              "cannot use it (\"Cannot re-initialize CUDA in forked subprocess\"). Do not touch "
+              "CUDA (tensors, models or devices on the GPU, torch::cuda calls) before "
+              "notebook_launcher: create them inside the launched function.");
+}
+
+/// ACCEL_DEBUG_MODE worker check: the variables this worker sees are the ones
+/// the launcher meant to give it, and form a consistent world.
+inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
+  const auto env = runtime::ProcessEnv::discover();
+  const int rank = o.node_rank * o.num_processes + local_rank;
+  ACCEL_CHECK(env.source == "torchrun", "accel: debug launch: worker ", rank,
+              " found no RANK/WORLD_SIZE variables (source: ", env.source,
+              "). Do not clear the environment before the launched function runs.");
+  ACCEL_CHECK(env.rank == rank && env.world_size == o.num_nodes * o.num_processes &&
+                  env.local_rank == local_rank && env.local_world_size == o.num_processes,
+              "accel: debug launch: worker ", rank, " sees RANK=", env.rank, " WORLD_SIZE=",
+              env.world_size, " LOCAL_RANK=", env.local_rank, " LOCAL_WORLD_SIZE=",
+              env.local_world_size, ", expected ", rank, "/", o.num_nodes * o.num_processes, "/",
+              local_rank, "/", o.num_processes, ". Check what overrides these variables.");
+  ACCEL_CHECK(env.master_addr == o.master_addr && env.master_port == o.master_port,
+              "accel: debug launch: worker ", rank, " sees MASTER_ADDR:MASTER_PORT ",
+              env.master_addr, ":", env.master_port, ", expected ", o.master_addr, ":",
+              o.master_port, ". Check what overrides these variables.");
+  resolve_ipv4(env.master_addr, env.master_port);  // throws a clear error when unresolvable
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
+// end <accel/launch/detail/rank_env.hpp>
+// begin <accel/launch/detail/worker_pool.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::launch::WorkerPool, the process supervisor shared
+/// by notebook_launcher (fork and run a C++ function) and the `accel launch`
+/// command (fork and exec a program): it starts workers, waits for them with a
+/// deadline, stops all of them when one fails, and never leaves one behind.
+#ifndef ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+#define ACCEL_LAUNCH_DETAIL_WORKER_POOL_HPP
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+
 extern char** environ;
 
 namespace accel::detail::launch {
@@ -8648,15 +9240,17 @@ struct PoolOutcome {
   std::optional<WorkerResult> first_failure;
   bool timed_out = false;                     ///< the pool's deadline passed first
   int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
+  /// PoolOptions::stop_requested stopped the workers (another machine failed): why.
+  std::optional<std::string> stopped_because;
 
-  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
+  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0 && !stopped_because; }
   /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
   /// else the first failure's exit code (at least 1), else 0.
   int exit_code() const {
     if (interrupted_by != 0) return 128 + interrupted_by;
     if (timed_out) return 124;
     if (first_failure) return std::max(1, first_failure->exit_code());
-    return 0;
+    return stopped_because ? 1 : 0;
   }
   /// What became of the others: "process 0 failed because of it; process 2
   /// was stopped", or "" when there were no others. A process that failed by
@@ -8718,6 +9312,9 @@ struct PoolOptions {
   /// that has beaten and then does not for this long is killed (SIGKILL) and
   /// counts as failed. Workers that never beat are never judged.
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
+  /// Polled while the workers run (every 20 ms at most): a reason stops them
+  /// all, as a failure would (a launch over several machines, another failed).
+  std::function<std::optional<std::string>()> stop_requested;
 };
 
 /// "[rank 3] " + line: the default prefix of forwarded output.
@@ -8841,6 +9438,13 @@ class WorkerPool {
         out.timed_out = true;
         stop_all();
         break;
+      }
+      if (options_.stop_requested && running() > 0) {
+        if (auto why = options_.stop_requested()) {
+          out.stopped_because = std::move(why);
+          stop_all();
+          break;
+        }
       }
     }
     pump(0);
@@ -9221,10 +9825,16 @@ auto on_fresh_thread(F&& f) -> decltype(f()) {
 
 namespace accel::detail::launch {
 
-/// The last attempt's outcome, and which attempt it was (0 = the first).
-struct ElasticOutcome {
-  PoolOutcome outcome;
-  int attempt = 0;
+inline constexpr const char* kAgentProtocol = "accel-agent-1";
+
+/// What the launchers agreed to do next.
+struct AgentStep {
+  bool finished = false;       ///< the launch is over; `outcome` says how
+  int attempt = 0;             ///< the attempt to start (0 first), or the last one
+  int worker_port = 0;         ///< where this attempt's workers meet (MASTER_PORT)
+  std::string job_id;          ///< ACCEL_JOB_ID of every worker of the attempt
+  std::string restart_reason;  ///< attempt > 0: why, as every machine prints it
+  PoolOutcome outcome;         ///< finished: every machine's workers, and the cause
 };
 
 /// "process 1 failed on attempt 1 of 3: killed by signal SIGKILL; process 0 was stopped".
@@ -9235,6 +9845,549 @@ inline std::string attempt_failure(const PoolOutcome& out, int attempt, int atte
   return "process " + std::to_string(w.rank) + " failed on attempt " + std::to_string(attempt + 1) +
          " of " + std::to_string(attempts) + ": " + msg + (others.empty() ? "" : "; " + others);
 }
+
+/// "Restarting all 4 processes on 2 machines (restart 1 of 3)."
+inline std::string restarting(const LaunchOptions& o, int restart) {
+  const int all = o.num_processes * o.num_nodes;
+  return "Restarting " + (all == 1 ? std::string("the process") : "all " + std::to_string(all) + " processes") +
+         (o.num_nodes > 1 ? " on " + std::to_string(o.num_nodes) + " machines" : "") + " (restart " +
+         std::to_string(restart) + " of " + std::to_string(o.max_restarts) + ").";
+}
+
+namespace agent {
+
+using Clock = std::chrono::steady_clock;
+
+/// Workers as message fields: the count, then rank, pid, status, code, message of each.
+inline void put_workers(AgentMessage& m, const std::vector<WorkerResult>& workers) {
+  m.push_back(std::to_string(workers.size()));
+  for (const auto& w : workers) {
+    m.push_back(std::to_string(w.rank));
+    m.push_back(std::to_string(w.pid));
+    m.push_back(std::to_string(static_cast<int>(w.status)));
+    m.push_back(std::to_string(w.code));
+    m.push_back(w.message);
+  }
+}
+
+inline int to_int(const std::string& s) {
+  std::size_t used = 0;
+  const int v = std::stoi(s, &used);
+  if (used != s.size()) throw std::invalid_argument(s);
+  return v;
+}
+
+/// The inverse of put_workers from field `at`; throws std::exception on a malformed message.
+inline std::vector<WorkerResult> get_workers(const AgentMessage& m, std::size_t at) {
+  const int n = to_int(m.at(at));
+  if (n < 0 || m.size() < at + 1 + 5 * static_cast<std::size_t>(n)) throw std::out_of_range("workers");
+  std::vector<WorkerResult> out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const std::size_t f = at + 1 + 5 * static_cast<std::size_t>(i);
+    auto& w = out[static_cast<std::size_t>(i)];
+    w.rank = to_int(m[f]);
+    w.pid = to_int(m[f + 1]);
+    const int status = to_int(m[f + 2]);
+    if (status < 0 || status > static_cast<int>(WorkerStatus::Stopped)) throw std::out_of_range("status");
+    w.status = static_cast<WorkerStatus>(status);
+    w.code = to_int(m[f + 3]);
+    w.message = m[f + 4];
+  }
+  return out;
+}
+
+/// One machine's part of an attempt, in the order machine 0 learned of them.
+struct MachineResult {
+  int node = 0;
+  std::vector<WorkerResult> workers;
+  std::optional<int> cause_rank;  ///< the machine's own first failure
+};
+
+/// Every machine's workers as one outcome, rank order; the cause is the first
+/// failure (in the order reported) that did not fail because of another process.
+inline PoolOutcome combine(const std::vector<MachineResult>& results) {
+  PoolOutcome out;
+  std::vector<WorkerResult> candidates;
+  for (const auto& r : results) {
+    for (const auto& w : r.workers) out.workers.push_back(w);
+    for (const auto& w : r.workers)
+      if (r.cause_rank && w.rank == *r.cause_rank) candidates.push_back(w);
+  }
+  for (const auto& r : results)
+    for (const auto& w : r.workers)
+      if (w.failed() && !(r.cause_rank && w.rank == *r.cause_rank)) candidates.push_back(w);
+  std::sort(out.workers.begin(), out.workers.end(),
+            [](const WorkerResult& a, const WorkerResult& b) { return a.rank < b.rank; });
+  const auto own = std::find_if(candidates.begin(), candidates.end(), [](const WorkerResult& w) {
+    return !accel::detail::caused_by_another_process(w.message);
+  });
+  if (own != candidates.end()) out.first_failure = *own;
+  else if (!candidates.empty()) out.first_failure = candidates.front();
+  return out;
+}
+
+inline MachineResult local_result(int node, const PoolOutcome& out) {
+  MachineResult r{node, out.workers, std::nullopt};
+  if (out.first_failure) r.cause_rank = out.first_failure->rank;
+  return r;
+}
+
+/// A machine whose launcher disappeared during an attempt: one failed worker
+/// (its first rank) that says so.
+inline MachineResult lost_machine(const LaunchOptions& o, int node, const std::string& why) {
+  WorkerResult w;
+  w.rank = node * o.num_processes;
+  w.status = WorkerStatus::Exited;
+  w.code = 1;
+  const int last = w.rank + o.num_processes - 1;
+  w.message = "machine " + std::to_string(node) + " (process" +
+              (last == w.rank ? " " + std::to_string(w.rank)
+                              : "es " + std::to_string(w.rank) + "-" + std::to_string(last)) +
+              ") was lost: " + why;
+  return {node, {w}, w.rank};
+}
+
+/// "1, 3" (machines not yet there).
+inline std::string list(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
+}  // namespace agent
+
+/// The launcher's side of a launch over several machines.
+class NodeAgent {
+ public:
+  virtual ~NodeAgent() = default;
+  /// Blocks until the next attempt starts on every machine, or the launch is over.
+  virtual AgentStep next() = 0;
+  /// Polled while this machine's workers run: why they must stop (another
+  /// machine failed or was lost), or nothing.
+  virtual std::optional<std::string> stop_requested() = 0;
+  /// This machine's workers after the attempt (ended, failed or stopped).
+  virtual void finish_attempt(const PoolOutcome& local) = 0;
+  /// This launch was interrupted or timed out: tell the others to stop.
+  virtual void abort(const std::string& why) = 0;
+};
+
+/// Machine 0: hosts the rendezvous, collects every machine's result, decides.
+class AgentServer final : public NodeAgent {
+ public:
+  AgentServer(LaunchOptions o, bool any_port, agent::Clock::time_point deadline,
+              std::chrono::seconds rdzv_timeout, std::ostream& log)
+      : o_(std::move(o)), any_port_(any_port), deadline_(deadline), rdzv_timeout_(rdzv_timeout),
+        log_(log), members_(static_cast<std::size_t>(o_.num_nodes), -1) {
+    const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port);
+    if (fd < 0)
+      throw Error("accel: machine 0 cannot host the rendezvous of the launchers on " + o_.master_addr +
+                  ":" + std::to_string(o_.master_port) + " (" + std::strerror(-fd) + "). " +
+                  (fd == -EADDRINUSE ? "Another program holds the port: pick another "
+                                       "--main_process_port (master_port) on every machine."
+                                     : "Check --main_process_ip (master_addr): it must be an "
+                                       "address of machine 0."));
+    listener_ = Fd(fd);
+    ::listen(fd, 64);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+
+  AgentStep next() override {
+    if (attempt_ >= 0) {
+      collect_results();
+      if (abort_) {
+        broadcast({"FINISH", "aborted", *abort_});
+        throw Error("accel: " + *abort_ + "; every machine's processes were stopped.");
+      }
+      PoolOutcome all = agent::combine(results_);
+      if (all.ok() || attempt_ >= o_.max_restarts) {
+        AgentMessage m{"FINISH", all.ok() ? "ok" : "failed", std::to_string(attempt_)};
+        agent::put_workers(m, all.workers);
+        m.push_back(all.first_failure ? std::to_string(all.first_failure->rank) : "-1");
+        broadcast(m);
+        return finished(std::move(all));
+      }
+      reason_ = attempt_failure(all, attempt_, o_.max_restarts + 1) + ". " + restarting(o_, attempt_ + 1);
+    }
+    wait_for_machines();
+    ++attempt_;
+    results_.clear();
+    stop_sent_ = false;
+    const int port = worker_port();
+    const std::string job = random_job_id();
+    broadcast({"START", std::to_string(attempt_), std::to_string(port), job, reason_});
+    AgentStep s;
+    s.attempt = attempt_;
+    s.worker_port = port;
+    s.job_id = job;
+    s.restart_reason = reason_;
+    return s;
+  }
+
+  std::optional<std::string> stop_requested() override {
+    accept_and_read(0);
+    if (!stop_sent_) return std::nullopt;
+    return why_stop_;
+  }
+
+  void finish_attempt(const PoolOutcome& local) override {
+    results_.push_back(agent::local_result(0, local));
+    note_failures();
+  }
+
+  void abort(const std::string& why) override { broadcast({"FINISH", "aborted", "machine 0's " + why}); }
+
+ private:
+  struct Peer {
+    AgentChannel channel;
+    int node = -1;  ///< -1 until its HELLO
+  };
+
+  AgentStep finished(PoolOutcome all) {
+    AgentStep s;
+    s.finished = true;
+    s.attempt = attempt_;
+    s.outcome = std::move(all);
+    return s;
+  }
+
+  bool has_result(int node) const {
+    return std::any_of(results_.begin(), results_.end(),
+                       [&](const agent::MachineResult& r) { return r.node == node; });
+  }
+
+  /// Waits until every machine reported this attempt (or was lost).
+  void collect_results() {
+    for (;;) {
+      // A machine that left without a result (its launch was interrupted) has none to give.
+      bool all = has_result(0);
+      for (int n = 1; n < o_.num_nodes; ++n)
+        all = all && (has_result(n) || members_[static_cast<std::size_t>(n)] < 0);
+      if (all) return;
+      if (agent::Clock::now() >= deadline_)
+        throw TimeoutError("accel: machine 0 waited for the other machines to report attempt " +
+                           std::to_string(attempt_ + 1) + " until the launch timeout. Check that "
+                           "their launchers still run.");
+      accept_and_read(50);
+    }
+  }
+
+  /// Before an attempt: every machine's launcher is connected.
+  void wait_for_machines() {
+    const auto start = agent::Clock::now();
+    const auto until = std::min(deadline_, start + rdzv_timeout_);
+    const auto bound = std::chrono::duration_cast<std::chrono::seconds>(until - start).count();
+    runtime::detail::WaitReports reports(start);
+    for (;;) {
+      accept_and_read(0);
+      std::vector<int> missing;
+      for (int n = 1; n < o_.num_nodes; ++n)
+        if (members_[static_cast<std::size_t>(n)] < 0) missing.push_back(n);
+      if (missing.empty()) return;
+      const std::string who = std::string(missing.size() == 1 ? "machine " : "machines ") +
+                              agent::list(missing);
+      if (agent::Clock::now() >= until) {
+        const std::string text = who + " did not " + (attempt_ < 0 ? "join" : "rejoin") +
+                                 " the launch at " + o_.master_addr + ":" + std::to_string(o_.master_port) +
+                                 " within " + std::to_string(reports.seconds()) + " s";
+        broadcast({"FINISH", "aborted", text});
+        throw TimeoutError("accel: " + text + " (the rendezvous timeout, --rdzv_timeout / "
+                           "ACCEL_RDZV_TIMEOUT). Start the launch on " + who + " with the same "
+                           "--main_process_ip and --main_process_port, or launch on fewer machines.");
+      }
+      if (reports.due())
+        log_ << "accel: machine 0 waiting at " << o_.master_addr << ":" << o_.master_port << " for "
+             << who << (attempt_ < 0 ? " to join" : " to rejoin for restart " + std::to_string(attempt_ + 1))
+             << " (" << (o_.num_nodes - static_cast<int>(missing.size())) << " of " << o_.num_nodes
+             << " machines there, " << reports.seconds() << " s of " << bound << " s)." << std::endl;
+      accept_and_read(50);
+    }
+  }
+
+  /// Where the workers of the next attempt meet: master_port + 1 when it is
+  /// free (the usual second port to open in a firewall), else a free port.
+  int worker_port() const {
+    if (!any_port_ && o_.master_port < 65535) {
+      const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port + 1);
+      if (fd >= 0) {
+        ::close(fd);
+        return o_.master_port + 1;
+      }
+    }
+    return accel::detail::pick_free_port(o_.master_addr);
+  }
+
+  void broadcast(const AgentMessage& m) {
+    for (auto& p : peers_)
+      if (p.node > 0) p.channel.send(m);
+  }
+
+  void accept_and_read(int ms) {
+    std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}};
+    for (auto& p : peers_) fds.push_back({p.channel.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), ms) <= 0) return;
+    // Existing connections first: a machine that died and was started again
+    // is seen gone before its new launcher says hello.
+    for (std::size_t i = 0; i < peers_.size(); ++i) {
+      Peer& p = peers_[i];
+      std::vector<AgentMessage> msgs;
+      const bool open = p.channel.receive(msgs);
+      for (const auto& m : msgs) handle(p, m);
+      if (!open || !p.channel.open()) drop(p);
+    }
+    peers_.erase(std::remove_if(peers_.begin(), peers_.end(), [](const Peer& p) { return !p.channel.open(); }),
+                 peers_.end());
+    reindex();
+    for (;;) {
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) break;
+      peers_.push_back(Peer{AgentChannel(Fd(fd)), -1});
+    }
+    reindex();
+    note_failures();
+  }
+
+  void reindex() {
+    std::fill(members_.begin(), members_.end(), -1);
+    for (std::size_t i = 0; i < peers_.size(); ++i)
+      if (peers_[i].node > 0 && peers_[i].channel.open()) members_[static_cast<std::size_t>(peers_[i].node)] = static_cast<int>(i);
+  }
+
+  void refuse(Peer& p, const std::string& why) {
+    p.channel.send({"REFUSE", why});
+    p.channel.close();
+  }
+
+  void handle(Peer& p, const AgentMessage& m) {
+    try {
+      if (m.at(0) == "HELLO") {
+        const int node = agent::to_int(m.at(2));
+        if (m.at(1) != kAgentProtocol) return refuse(p, "it speaks another protocol (" + m[1] + ")");
+        if (agent::to_int(m.at(3)) != o_.num_nodes || agent::to_int(m.at(4)) != o_.num_processes)
+          return refuse(p, "machine " + m[2] + " was started for " + m[3] + " machines with " + m[4] +
+                               " processes each; machine 0 for " + std::to_string(o_.num_nodes) +
+                               " with " + std::to_string(o_.num_processes) + ". Give every machine the "
+                               "same --num_machines and --num_processes");
+        if (node < 1 || node >= o_.num_nodes)
+          return refuse(p, "machine rank " + m[2] + " is not in 1.." + std::to_string(o_.num_nodes - 1));
+        reindex();
+        if (members_[static_cast<std::size_t>(node)] >= 0)
+          return refuse(p, "machine " + m[2] + " is already in this launch. Give every machine its own "
+                           "--machine_rank (node_rank)");
+        p.node = node;
+        if (attempt_ >= 0)
+          log_ << "accel: machine " << node << " joined; it takes part from the next attempt." << std::endl;
+      } else if (m.at(0) == "RESULT" && p.node > 0) {
+        if (agent::to_int(m.at(1)) != attempt_ || has_result(p.node)) return;
+        agent::MachineResult r{p.node, agent::get_workers(m, 2), std::nullopt};
+        const std::size_t at = 3 + 5 * r.workers.size();
+        if (m.size() > at && m[at] != "-1") r.cause_rank = agent::to_int(m[at]);
+        results_.push_back(std::move(r));
+      } else if (m.at(0) == "ABORT" && p.node > 0) {
+        abort_ = "machine " + std::to_string(p.node) + "'s " + m.at(1);
+        stop_everyone("machine " + std::to_string(p.node) + "'s launch was stopped");
+      }
+    } catch (const std::exception&) {
+      p.channel.close();  // not an accel launcher, or a different version
+    }
+  }
+
+  /// A member's connection closed: during an attempt that it has not
+  /// reported, the machine is lost (a failure of that attempt).
+  void drop(Peer& p) {
+    p.channel.close();
+    if (p.node <= 0 || attempt_ < 0 || has_result(p.node) || abort_) return;
+    results_.push_back(agent::lost_machine(o_, p.node,
+                                           "its launcher's connection to machine 0 closed (the "
+                                           "machine died, or its launch was killed)"));
+  }
+
+  /// The first failure of an attempt stops every machine's workers.
+  void note_failures() {
+    if (stop_sent_ || attempt_ < 0) return;
+    for (const auto& r : results_) {
+      if (!r.cause_rank) continue;
+      stop_everyone("process " + std::to_string(*r.cause_rank) + " on machine " + std::to_string(r.node) +
+                    " failed");
+      return;
+    }
+  }
+
+  void stop_everyone(const std::string& why) {
+    if (stop_sent_) return;
+    stop_sent_ = true;
+    why_stop_ = why;
+    broadcast({"STOP", std::to_string(attempt_), why});
+  }
+
+  LaunchOptions o_;
+  bool any_port_;
+  agent::Clock::time_point deadline_;
+  std::chrono::seconds rdzv_timeout_;
+  std::ostream& log_;
+  Fd listener_;
+  std::vector<Peer> peers_;
+  std::vector<int> members_;  ///< node -> index in peers_, -1 if not connected
+  int attempt_ = -1;
+  std::vector<agent::MachineResult> results_;  ///< this attempt's, in the order learned
+  bool stop_sent_ = false;
+  std::string why_stop_;
+  std::string reason_;                ///< why the attempt about to start is a restart
+  std::optional<std::string> abort_;  ///< a machine's launch was interrupted or timed out
+};
+
+/// Machines 1..N-1: connect to machine 0's launcher, follow its decisions.
+class AgentClient final : public NodeAgent {
+ public:
+  AgentClient(LaunchOptions o, agent::Clock::time_point deadline, std::chrono::seconds rdzv_timeout,
+              std::ostream& log)
+      : o_(std::move(o)), deadline_(deadline), log_(log) {
+    const auto until = std::min(deadline_, agent::Clock::now() + rdzv_timeout);
+    runtime::detail::WaitReports reports(agent::Clock::now());
+    for (;;) {
+      int err = 0;
+      const int fd = runtime::detail::connect_tcp(o_.master_addr, o_.master_port, std::chrono::seconds(2), err);
+      if (fd >= 0) {
+        channel_ = AgentChannel(Fd(fd));
+        break;
+      }
+      if (err == EADDRNOTAVAIL)
+        throw Error("accel: machine " + std::to_string(o_.node_rank) + " cannot resolve the address of "
+                    "machine 0, '" + o_.master_addr + "'. Give --main_process_ip (master_addr) as an IP "
+                    "address or a host name this machine resolves.");
+      if (agent::Clock::now() >= until)
+        throw TimeoutError("accel: machine " + std::to_string(o_.node_rank) + " could not reach machine "
+                           "0's launcher at " + where() + " within " + std::to_string(reports.seconds()) +
+                           " s (" + std::strerror(err) + "; the rendezvous timeout, --rdzv_timeout / "
+                           "ACCEL_RDZV_TIMEOUT). Start the launch on machine 0 too, and check "
+                           "--main_process_ip and --main_process_port.");
+      if (reports.due())
+        log_ << "accel: machine " << o_.node_rank << " waiting for machine 0's launcher at " << where()
+             << " (" << std::strerror(err) << ", " << reports.seconds() << " s)." << std::endl;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    channel_.send({"HELLO", kAgentProtocol, std::to_string(o_.node_rank), std::to_string(o_.num_nodes),
+                   std::to_string(o_.num_processes), std::to_string(o_.max_restarts)});
+  }
+
+  AgentStep next() override {
+    for (;;) {
+      for (; !pending_.empty(); pending_.erase(pending_.begin())) {
+        const AgentMessage& m = pending_.front();
+        if (m.empty()) continue;
+        if (m[0] == "REFUSE")
+          throw Error("accel: machine 0 refused machine " + std::to_string(o_.node_rank) + ": " +
+                      m.at(1) + ".");
+        if (m[0] == "START" && agent::to_int(m.at(1)) > attempt_) {
+          attempt_ = agent::to_int(m[1]);
+          stop_.reset();
+          AgentStep s;
+          s.attempt = attempt_;
+          s.worker_port = agent::to_int(m.at(2));
+          s.job_id = m.at(3);
+          s.restart_reason = m.at(4);
+          pending_.erase(pending_.begin());
+          return s;
+        }
+        if (m[0] == "FINISH") return finish(m);
+      }
+      if (!channel_.open()) throw lost();
+      if (agent::Clock::now() >= deadline_)
+        throw TimeoutError("accel: machine " + std::to_string(o_.node_rank) + " waited for machine 0 "
+                           "until the launch timeout.");
+      channel_.wait_readable(100);
+      channel_.receive(pending_);
+    }
+  }
+
+  std::optional<std::string> stop_requested() override {
+    if (stop_) return stop_;
+    const bool open = channel_.receive(pending_);
+    for (const auto& m : pending_) {
+      if (m.size() >= 3 && m[0] == "STOP" && m[1] == std::to_string(attempt_)) stop_ = m[2];
+      if (m.size() >= 3 && m[0] == "FINISH" && m[1] == "aborted") stop_ = m[2];
+    }
+    if (!stop_ && !open) stop_ = "lost the connection to machine 0's launcher";
+    return stop_;
+  }
+
+  void finish_attempt(const PoolOutcome& local) override {
+    AgentMessage m{"RESULT", std::to_string(attempt_)};
+    agent::put_workers(m, local.workers);
+    m.push_back(local.first_failure ? std::to_string(local.first_failure->rank) : "-1");
+    channel_.send(m);
+  }
+
+  void abort(const std::string& why) override {
+    channel_.send({"ABORT", why});
+    channel_.close();
+  }
+
+ private:
+  std::string where() const { return o_.master_addr + ":" + std::to_string(o_.master_port); }
+
+  Error lost() const {
+    return Error("accel: machine " + std::to_string(o_.node_rank) + " lost the connection to machine "
+                 "0's launcher at " + where() + " (machine 0 died, or its launch was stopped); this "
+                 "machine's processes were stopped. Look at machine 0's output, and start the launch "
+                 "again on every machine (load_latest_state() resumes from the newest checkpoint).");
+  }
+
+  AgentStep finish(const AgentMessage& m) {
+    if (m.at(1) == "aborted")
+      throw Error("accel: the launch was ended: " + m.at(2) + "; machine " + std::to_string(o_.node_rank) +
+                  "'s processes were stopped.");
+    AgentStep s;
+    s.finished = true;
+    s.attempt = agent::to_int(m.at(2));
+    s.outcome.workers = agent::get_workers(m, 3);
+    const std::size_t at = 4 + 5 * s.outcome.workers.size();
+    const int cause = m.size() > at ? agent::to_int(m[at]) : -1;
+    for (const auto& w : s.outcome.workers)
+      if (w.rank == cause) s.outcome.first_failure = w;
+    if (m[1] == "failed" && !s.outcome.first_failure)
+      throw Error("accel: machine 0 reported a failed launch without its cause. Look at machine 0's output.");
+    return s;
+  }
+
+  LaunchOptions o_;
+  agent::Clock::time_point deadline_;
+  std::ostream& log_;
+  AgentChannel channel_;
+  std::vector<AgentMessage> pending_;
+  int attempt_ = -1;
+  std::optional<std::string> stop_;
+};
+
+/// Machine 0's agent on node 0, a client of it on the others.
+inline std::unique_ptr<NodeAgent> make_node_agent(const LaunchOptions& o, bool any_port,
+                                                  agent::Clock::time_point deadline,
+                                                  std::chrono::seconds rdzv_timeout, std::ostream& log) {
+  if (o.node_rank == 0) return std::make_unique<AgentServer>(o, any_port, deadline, rdzv_timeout, log);
+  return std::make_unique<AgentClient>(o, deadline, rdzv_timeout, log);
+}
+
+}  // namespace accel::detail::launch
+
+#endif  // ACCEL_LAUNCH_DETAIL_NODE_AGENT_HPP
+// end <accel/launch/detail/node_agent.hpp>
+
+namespace accel::detail::launch {
+
+/// One attempt of a launch, as the start callback of run_elastic gets it.
+struct Attempt {
+  LaunchOptions options;  ///< master_port: where this attempt's workers meet
+  int index = 0;          ///< 0 first (TORCHELASTIC_RESTART_COUNT)
+  std::string job_id;     ///< ACCEL_JOB_ID of every worker of the attempt ("" : none)
+  /// Several machines: why this machine's workers must stop now (another
+  /// machine failed), polled by the pool (PoolOptions::stop_requested).
+  std::function<std::optional<std::string>()> stop_requested;
+};
+
+/// The last attempt's outcome, and which attempt it was (0 = the first).
+struct ElasticOutcome {
+  PoolOutcome outcome;
+  int attempt = 0;
+};
 
 /// The rendezvous port of a restart. The workers of the failed attempt are
 /// gone, but the port may still be held (their connections in TIME_WAIT are
@@ -9252,13 +10405,49 @@ inline int restart_port(const LaunchOptions& o, bool any_port) {
   return pick_free_port(o.master_addr);
 }
 
-/// Runs start(options, attempt) -> PoolOutcome, and again, with a new
-/// attempt number (and maybe port), while a worker failed and restarts are
-/// left. A timeout or a signal to the launcher ends the loop at once.
-/// any_port: the user left the port to accel (master_port 0).
+/// The rendezvous timeout of the launchers of several machines: how long
+/// machine 0 waits for the others to join (or rejoin after a restart), as
+/// the workers' own (ACCEL_RDZV_TIMEOUT, default 30 minutes).
+inline std::chrono::seconds launcher_rdzv_timeout() {
+  if (const auto t = positive_env_int("ACCEL_RDZV_TIMEOUT")) return std::chrono::seconds(*t);
+  return std::chrono::minutes(30);
+}
+
+/// Several machines: every attempt starts on all of them together, a failure
+/// on one stops the workers of all within seconds, and machine 0's launcher
+/// decides whether to go again.
+template <class Start>
+ElasticOutcome run_elastic_machines(const LaunchOptions& o, bool any_port, Start&& start,
+                                    std::chrono::steady_clock::time_point deadline,
+                                    std::chrono::seconds rdzv_timeout, std::ostream& log) {
+  const auto agent = make_node_agent(o, any_port, deadline, rdzv_timeout, log);
+  for (;;) {
+    AgentStep step = agent->next();
+    if (step.finished) return {std::move(step.outcome), step.attempt};
+    if (!step.restart_reason.empty()) log << "accel: " << step.restart_reason << std::endl;
+    Attempt a{o, step.attempt, step.job_id, [&agent] { return agent->stop_requested(); }};
+    a.options.master_port = step.worker_port;
+    PoolOutcome out = start(static_cast<const Attempt&>(a));
+    if (out.interrupted_by != 0 || out.timed_out) {
+      agent->abort(out.timed_out ? std::string("launch ran past its timeout")
+                                 : "launcher received " + signal_name(out.interrupted_by));
+      return {std::move(out), step.attempt};
+    }
+    agent->finish_attempt(out);
+  }
+}
+
+/// Runs start(Attempt) -> PoolOutcome, and again, with a new attempt number
+/// (and maybe port), while a worker failed and restarts are left. A timeout
+/// or a signal to the launcher ends the loop at once. any_port: the user
+/// left the port to accel (master_port 0). deadline: the launch timeout.
 template <class Start>
 ElasticOutcome run_elastic(LaunchOptions o, bool any_port, Start&& start,
+                           std::chrono::steady_clock::time_point deadline,
+                           std::chrono::seconds rdzv_timeout = launcher_rdzv_timeout(),
                            std::ostream& log = std::cerr) {
+  if (o.num_nodes > 1 && o.max_restarts > 0)
+    return run_elastic_machines(o, any_port, start, deadline, rdzv_timeout, log);
   const int attempts = o.max_restarts + 1;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) {
@@ -9268,13 +10457,11 @@ ElasticOutcome run_elastic(LaunchOptions o, bool any_port, Start&& start,
             << "port " << port << "." << std::endl;
       o.master_port = port;
     }
-    PoolOutcome out = start(static_cast<const LaunchOptions&>(o), attempt);
+    PoolOutcome out = start(Attempt{o, attempt, new_job_id(o), {}});
     const bool failed = out.first_failure && !out.timed_out && out.interrupted_by == 0;
     if (!failed || attempt + 1 >= attempts) return {std::move(out), attempt};
-    log << "accel: " << attempt_failure(out, attempt, attempts) << ". Restarting "
-        << (o.num_processes == 1 ? std::string("the process")
-                                 : "all " + std::to_string(o.num_processes) + " processes")
-        << " (restart " << attempt + 1 << " of " << o.max_restarts << ")." << std::endl;
+    log << "accel: " << attempt_failure(out, attempt, attempts) << ". " << restarting(o, attempt + 1)
+        << std::endl;
   }
 }
 
@@ -9282,232 +10469,6 @@ ElasticOutcome run_elastic(LaunchOptions o, bool any_port, Start&& start,
 
 #endif  // ACCEL_LAUNCH_DETAIL_ELASTIC_HPP
 // end <accel/launch/detail/elastic.hpp>
-// begin <accel/launch/detail/rank_env.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines what any accel launcher decides before starting workers: the
-/// option checks, each worker's rank variables, its thread count, free ports,
-/// the CUDA-before-fork check and the ACCEL_DEBUG_MODE worker check. Free of
-/// LibTorch so that the `accel` command can use it too.
-#ifndef ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
-#define ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
-
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <cstdint>
-#include <fstream>
-#include <random>
-#include <sstream>
-#include <string>
-#include <string_view>
-
-
-namespace accel::detail::launch {
-
-/// More processes on one machine than this is a typo (num_processes: 100000),
-/// not a plan: 4 per core, at least 8; ACCEL_MAX_LOCAL_PROCESSES raises it.
-inline int max_local_processes() {
-  if (const auto n = positive_env_int("ACCEL_MAX_LOCAL_PROCESSES")) return *n;
-  return std::max(8, 4 * available_cores());
-}
-
-inline void check_local_process_count(int n) {
-  const int limit = max_local_processes();
-  ACCEL_CHECK(n <= limit, "accel: ", n, " processes on this machine is more than ", limit,
-              " (4 per CPU core, ", available_cores(), " cores): each would get a sliver of a "
-              "core and its own copy of the model. Launch fewer, or set "
-              "ACCEL_MAX_LOCAL_PROCESSES=", n, " if you mean it.");
-}
-
-/// Throws accel::Error when the options cannot describe a launch.
-inline void validate(const LaunchOptions& o) {
-  ACCEL_CHECK(o.num_processes >= 1, "accel: num_processes is ", o.num_processes,
-              ". Launch at least 1 process.");
-  check_local_process_count(o.num_processes);
-  ACCEL_CHECK(o.num_nodes >= 1, "accel: num_nodes is ", o.num_nodes, ". Use at least 1 node.");
-  ACCEL_CHECK(o.node_rank >= 0 && o.node_rank < o.num_nodes, "accel: node_rank ", o.node_rank,
-              " is outside 0..", o.num_nodes - 1, " (num_nodes = ", o.num_nodes,
-              "). Give every node a distinct node_rank below num_nodes.");
-  ACCEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "accel: master_port ", o.master_port,
-              " is not a TCP port. Use 1..65535, or 0 to pick a free port.");
-  ACCEL_CHECK(o.master_port != 0 || o.num_nodes == 1 || o.rendezvous_file, "accel: master_port 0 "
-              "(pick a free port) with num_nodes = ", o.num_nodes, " needs a rendezvous_file "
-              "through which node 0 tells the others the port. Pass the same fixed master_port on "
-              "every node, or the same rendezvous_file on a filesystem all nodes share.");
-  ACCEL_CHECK(!o.master_addr.empty(), "accel: master_addr is empty. Give the host name or IP "
-              "address of node 0 (\"127.0.0.1\" on one machine).");
-  ACCEL_CHECK(o.timeout.count() > 0, "accel: the launch timeout is ", o.timeout.count(),
-              " s. Give a positive timeout.");
-  ACCEL_CHECK(o.max_restarts >= 0, "accel: max_restarts is ", o.max_restarts,
-              ". Give 0 (a failure ends the launch) or the number of restarts allowed.");
-  ACCEL_CHECK(o.max_restarts == 0 || o.num_nodes == 1, "accel: max_restarts (", o.max_restarts,
-              ") with ", o.num_nodes, " nodes is not supported: a restart is decided on one "
-              "machine only. Use max_restarts with one node, or restart the launch of every node "
-              "from your job scheduler.");
-  ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
-              "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
-              " s. Give a positive number of seconds, or leave it unset (no hang detection).");
-  if (o.mixed_precision) {
-    const auto& m = *o.mixed_precision;
-    ACCEL_CHECK(m == "no" || m == "fp16" || m == "bf16", "accel: mixed_precision '", m,
-                "' is unknown. Use \"no\", \"fp16\" or \"bf16\".");
-  }
-}
-
-/// The torchrun-style variables of the worker `local_rank` on this node.
-/// RANK = node_rank * num_processes + local_rank; WORLD_SIZE = num_nodes * num_processes.
-/// job_id (ACCEL_JOB_ID): shared by the workers of one launch, so that a
-/// worker reaching another job's store leaves (runtime/store.hpp).
-/// restart: the attempt (TORCHELASTIC_RESTART_COUNT, 0 first), as torchrun sets
-/// it together with TORCHELASTIC_MAX_RESTARTS.
-inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const std::string& job_id = {},
-                                int restart = 0) {
-  EnvList env{
-      {"RANK", std::to_string(o.node_rank * o.num_processes + local_rank)},
-      {"WORLD_SIZE", std::to_string(o.num_nodes * o.num_processes)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.num_processes)},
-      {"NODE_RANK", std::to_string(o.node_rank)},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(o.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
-  };
-  if (o.mixed_precision) env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
-  if (!job_id.empty()) env.emplace_back("ACCEL_JOB_ID", job_id);
-  return env;
-}
-
-/// A fresh id for a launch whose workers all start here (one node); a launch
-/// over several nodes has none, as each node's launcher would draw its own.
-inline std::string new_job_id(const LaunchOptions& o) {
-  if (o.num_nodes != 1) return {};
-  std::random_device rd;
-  const auto v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string id(16, '0');
-  for (int i = 0; i < 16; ++i) id[static_cast<std::size_t>(i)] = kDigits[(v >> (4 * i)) & 0xF];
-  return id;
-}
-
-/// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
-/// (the user's choice wins), else max(1, cores / local workers).
-inline int threads_per_worker(int local_workers, int cores = available_cores()) {
-  if (auto n = positive_env_int("OMP_NUM_THREADS")) return *n;
-  return std::max(1, cores / std::max(1, local_workers));
-}
-
-/// Resolves host to an IPv4 address (the rendezvous store listens on IPv4).
-inline sockaddr_in resolve_ipv4(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  ACCEL_CHECK(rc == 0 && res != nullptr, "accel: cannot resolve master_addr '", host, "' (",
-              ::gai_strerror(rc), "). Give an IP address or a host name this machine can resolve.");
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
-}
-
-/// --debug's check of another machine's rendezvous address: resolves it and
-/// tries one TCP connection. A refusal passes (machine 0's launch may simply
-/// not have started yet); no route, or no answer within `timeout` (a firewall,
-/// the wrong address), is an accel::Error saying so.
-inline void check_reachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  (void)resolve_ipv4(host, port);  // a clear error when it does not resolve
-  const int err = runtime::detail::try_connect(host, port, timeout);
-  if (err == 0 || err == ECONNREFUSED) return;
-  throw Error(concat("accel: debug launch: the rendezvous address ", host, ":", port,
-                     " cannot be reached from this machine (",
-                     err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count() / 1000) + " s"
-                                      : std::string(std::strerror(err)),
-                     "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
-                     "the machines."));
-}
-
-/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
-/// -1 with errno set when it is taken.
-inline int try_bind(const std::string& host, int port) {
-  const int fd = accel::detail::bind_tcp(host, port);
-  if (fd < 0) {
-    errno = -fd;
-    return -1;
-  }
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return rc == 0 ? ntohs(addr.sin_port) : -1;
-}
-
-/// A port on host that is free now (the kernel's choice). It is released before
-/// the workers start, so another program could take it in between: rare, and
-/// the rendezvous then fails with the port in its message.
-using accel::detail::pick_free_port;
-using accel::detail::agree_on_free_port;
-using accel::detail::RemoveAtExit;
-
-/// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
-/// the CUDA runtime loads it on its first call, and a forked child can then no
-/// longer use CUDA. Reading the maps never initialises CUDA itself, which no
-/// LibTorch 1.13/2.x C++ query guarantees (device_count() calls cuInit).
-inline bool cuda_driver_loaded(std::string_view maps) {
-  for (std::size_t pos = 0; (pos = maps.find("libcuda.so", pos)) != std::string_view::npos; ++pos)
-    if (pos == 0 || maps[pos - 1] == '/') return true;
-  return false;
-}
-
-inline bool cuda_driver_loaded_in_this_process() {
-  std::ifstream in("/proc/self/maps");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return cuda_driver_loaded(ss.str());
-}
-
-/// Accelerate's most reported notebook failure, refused before forking.
-inline void refuse_fork_after_cuda() {
-  ACCEL_CHECK(!cuda_driver_loaded_in_this_process(),
-              "accel: CUDA has already been initialised in this process, and forked workers "
-              "cannot use it (\"Cannot re-initialize CUDA in forked subprocess\"). Do not touch "
-              "CUDA (tensors, models or devices on the GPU, torch::cuda calls) before "
-              "notebook_launcher: create them inside the launched function.");
-}
-
-/// ACCEL_DEBUG_MODE worker check: the variables this worker sees are the ones
-/// the launcher meant to give it, and form a consistent world.
-inline void check_worker_environment(const LaunchOptions& o, int local_rank) {
-  const auto env = runtime::ProcessEnv::discover();
-  const int rank = o.node_rank * o.num_processes + local_rank;
-  ACCEL_CHECK(env.source == "torchrun", "accel: debug launch: worker ", rank,
-              " found no RANK/WORLD_SIZE variables (source: ", env.source,
-              "). Do not clear the environment before the launched function runs.");
-  ACCEL_CHECK(env.rank == rank && env.world_size == o.num_nodes * o.num_processes &&
-                  env.local_rank == local_rank && env.local_world_size == o.num_processes,
-              "accel: debug launch: worker ", rank, " sees RANK=", env.rank, " WORLD_SIZE=",
-              env.world_size, " LOCAL_RANK=", env.local_rank, " LOCAL_WORLD_SIZE=",
-              env.local_world_size, ", expected ", rank, "/", o.num_nodes * o.num_processes, "/",
-              local_rank, "/", o.num_processes, ". Check what overrides these variables.");
-  ACCEL_CHECK(env.master_addr == o.master_addr && env.master_port == o.master_port,
-              "accel: debug launch: worker ", rank, " sees MASTER_ADDR:MASTER_PORT ",
-              env.master_addr, ":", env.master_port, ", expected ", o.master_addr, ":",
-              o.master_port, ". Check what overrides these variables.");
-  resolve_ipv4(env.master_addr, env.master_port);  // throws a clear error when unresolvable
-}
-
-}  // namespace accel::detail::launch
-
-#endif  // ACCEL_LAUNCH_DETAIL_RANK_ENV_HPP
-// end <accel/launch/detail/rank_env.hpp>
 
 namespace accel {
 
@@ -9537,11 +10498,11 @@ inline std::string worker_error_message(const c10::Error& e) {
          "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
 }
 
-/// Runs body in one worker per local rank (attempt `attempt` of an elastic
+/// Runs body in one worker per local rank (one attempt of an elastic
 /// launch) and waits until the pool's outcome.
 template <class Body>
-PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
-                     int attempt, Body& body) {
+PoolOutcome run_pool(const Attempt& a, std::chrono::steady_clock::time_point deadline, Body& body) {
+  const LaunchOptions& o = a.options;
   PoolOptions po;
   po.timeout = std::max(std::chrono::milliseconds(1),
                         std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -9549,14 +10510,14 @@ PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_poi
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
   if (o.monitor_interval) po.heartbeat_timeout = *o.monitor_interval;
+  po.stop_requested = a.stop_requested;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
   // OpenMP's thread pool lives in the forking thread, and a child forked from a
   // thread that already ran a parallel region hangs in its first one.
   return on_fresh_thread([&] {
     WorkerPool pool(po);
-    const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local, job, attempt);
+      EnvList env = rank_environment(o, local, a.job_id, a.index);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -9603,7 +10564,7 @@ inline void throw_on_failure(const PoolOutcome& out, const LaunchOptions& o, con
 template <class Body>
 void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
                  const char* what, Body&& body) {
-  throw_on_failure(run_pool(o, deadline, 0, body), o, what);
+  throw_on_failure(run_pool(Attempt{o, 0, new_job_id(o), {}}, deadline, body), o, what);
 }
 
 }  // namespace detail::launch
@@ -9618,11 +10579,14 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
 /// message; past opts.timeout accel::TimeoutError. One process on one node
 /// runs fn in this process (no fork) with the same variables, restored after;
 /// an exception then arrives as LaunchError(0, ...) nesting the original.
-/// With opts.max_restarts = N > 0 (one node), a failure stops every worker
-/// and forks the whole group again, up to N times, each attempt with
+/// With opts.max_restarts = N > 0, a failure stops every worker and forks
+/// the whole group again, up to N times, each attempt with
 /// TORCHELASTIC_RESTART_COUNT = 0, 1, ... (accel::restart_count()) and a
 /// usable port; the failure of attempt N+1 is the LaunchError, "process R
-/// failed on attempt N+1 of N+1 (max_restarts = N): ...". With
+/// failed on attempt N+1 of N+1 (max_restarts = N): ...". Over several nodes
+/// the launchers decide together: node 0's hosts their rendezvous on
+/// master_port, the workers meet on master_port + 1 (or a free port), and a
+/// failure on any node restarts all (docs/launching.md, "Fault tolerance"). With
 /// opts.monitor_interval a worker that stops heart-beating is killed as hung
 /// (a failure). With either, even one process is a forked worker.
 template <class F, class... Args>
@@ -9678,9 +10642,8 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
   // starts from the same state: what the workers did (moving the arguments
   // out included) dies with them.
   auto body = [&](int) { std::apply(fn, std::move(args)); };
-  const auto r = dl::run_elastic(opts, any_port, [&](const LaunchOptions& a, int attempt) {
-    return dl::run_pool(a, deadline, attempt, body);
-  });
+  const auto r = dl::run_elastic(
+      opts, any_port, [&](const dl::Attempt& a) { return dl::run_pool(a, deadline, body); }, deadline);
   dl::throw_on_failure(r.outcome, opts, "notebook_launcher", r.attempt);
 }
 

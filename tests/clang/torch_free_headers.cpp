@@ -12,8 +12,11 @@
 #include <accel/errors.hpp>
 #include <accel/launch.hpp>
 #include <accel/launch/detail/config_keys.hpp>
+#include <accel/launch/detail/elastic.hpp>
 #include <accel/launch/detail/worker_pool.hpp>
 #include <accel/options.hpp>
+#include <accel/runtime/detail/tcp_probe.hpp>
+#include <accel/runtime/detail/wait_reports.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/version.hpp>
 

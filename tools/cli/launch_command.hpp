@@ -213,19 +213,22 @@ inline int run_launch(const LaunchFlags& f) {
   // job id and maybe a new port; the pool's deadline is what is left of --timeout.
   const auto deadline = std::chrono::steady_clock::now() + po.timeout;
   const auto r = detail::launch::run_elastic(
-      node_options(p, f), p.any_port, [&](const LaunchOptions& a, int attempt) {
+      node_options(p, f), p.any_port,
+      [&](const detail::launch::Attempt& a) {
         LaunchPlan pa = p;
-        pa.main_process_port = a.master_port;
+        pa.main_process_port = a.options.master_port;
         po.timeout = std::max(std::chrono::milliseconds(1),
                               std::chrono::duration_cast<std::chrono::milliseconds>(
                                   deadline - std::chrono::steady_clock::now()));
+        po.stop_requested = a.stop_requested;
         detail::launch::WorkerPool pool(po);
-        const std::string job = detail::launch::new_job_id(a);
         for (int i = 0; i < pa.local_processes; ++i)
           pool.spawn_exec(pa.machine_rank * pa.local_processes + i,
-                          worker_env(pa, f, i, job, attempt), f.command);
+                          worker_env(pa, f, i, a.job_id, a.index), f.command);
         return pool.wait();
-      });
+      },
+      deadline,
+      f.rdzv_timeout ? std::chrono::seconds(*f.rdzv_timeout) : detail::launch::launcher_rdzv_timeout());
   const detail::launch::PoolOutcome& out = r.outcome;
   if (out.interrupted_by != 0) {
     std::cerr << "accel: received " << detail::launch::signal_name(out.interrupted_by)

@@ -35,7 +35,8 @@ struct LaunchOptions {
   /// When a worker fails (throws, exits non-zero, dies by a signal, or hangs:
   /// monitor_interval), every worker is stopped and the whole group started
   /// again, up to this many times; each attempt sees TORCHELASTIC_RESTART_COUNT
-  /// (accel::restart_count()). One node only.
+  /// (accel::restart_count()). Several nodes: every node's launcher restarts
+  /// together (node 0's coordinates on master_port; docs/launching.md).
   int max_restarts = 0;
   /// Hang detection: a worker that made progress (runtime::heartbeat(): each
   /// batch of a prepared loader, each completed collective) and then makes

@@ -55,11 +55,11 @@ inline std::string worker_error_message(const c10::Error& e) {
          "start the processes with `accel launch` or mpirun. (LibTorch: " + msg + ")";
 }
 
-/// Runs body in one worker per local rank (attempt `attempt` of an elastic
+/// Runs body in one worker per local rank (one attempt of an elastic
 /// launch) and waits until the pool's outcome.
 template <class Body>
-PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
-                     int attempt, Body& body) {
+PoolOutcome run_pool(const Attempt& a, std::chrono::steady_clock::time_point deadline, Body& body) {
+  const LaunchOptions& o = a.options;
   PoolOptions po;
   po.timeout = std::max(std::chrono::milliseconds(1),
                         std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -67,14 +67,14 @@ PoolOutcome run_pool(const LaunchOptions& o, std::chrono::steady_clock::time_poi
   po.grace = o.stop_grace;
   po.prefix_output = o.prefix_output;
   if (o.monitor_interval) po.heartbeat_timeout = *o.monitor_interval;
+  po.stop_requested = a.stop_requested;
   // Fork from a fresh thread that stays until the workers are reaped: GNU
   // OpenMP's thread pool lives in the forking thread, and a child forked from a
   // thread that already ran a parallel region hangs in its first one.
   return on_fresh_thread([&] {
     WorkerPool pool(po);
-    const std::string job = new_job_id(o);
     for (int local = 0; local < o.num_processes; ++local) {
-      EnvList env = rank_environment(o, local, job, attempt);
+      EnvList env = rank_environment(o, local, a.job_id, a.index);
       env.emplace_back("ACCEL_FORK_LAUNCHED", "1");
       pool.spawn(o.node_rank * o.num_processes + local, env, [&, local] {
         at::set_num_threads(threads_per_worker(o.num_processes));
@@ -121,7 +121,7 @@ inline void throw_on_failure(const PoolOutcome& out, const LaunchOptions& o, con
 template <class Body>
 void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point deadline,
                  const char* what, Body&& body) {
-  throw_on_failure(run_pool(o, deadline, 0, body), o, what);
+  throw_on_failure(run_pool(Attempt{o, 0, new_job_id(o), {}}, deadline, body), o, what);
 }
 
 }  // namespace detail::launch
@@ -136,11 +136,14 @@ void run_workers(const LaunchOptions& o, std::chrono::steady_clock::time_point d
 /// message; past opts.timeout accel::TimeoutError. One process on one node
 /// runs fn in this process (no fork) with the same variables, restored after;
 /// an exception then arrives as LaunchError(0, ...) nesting the original.
-/// With opts.max_restarts = N > 0 (one node), a failure stops every worker
-/// and forks the whole group again, up to N times, each attempt with
+/// With opts.max_restarts = N > 0, a failure stops every worker and forks
+/// the whole group again, up to N times, each attempt with
 /// TORCHELASTIC_RESTART_COUNT = 0, 1, ... (accel::restart_count()) and a
 /// usable port; the failure of attempt N+1 is the LaunchError, "process R
-/// failed on attempt N+1 of N+1 (max_restarts = N): ...". With
+/// failed on attempt N+1 of N+1 (max_restarts = N): ...". Over several nodes
+/// the launchers decide together: node 0's hosts their rendezvous on
+/// master_port, the workers meet on master_port + 1 (or a free port), and a
+/// failure on any node restarts all (docs/launching.md, "Fault tolerance"). With
 /// opts.monitor_interval a worker that stops heart-beating is killed as hung
 /// (a failure). With either, even one process is a forked worker.
 template <class F, class... Args>
@@ -196,9 +199,8 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
   // starts from the same state: what the workers did (moving the arguments
   // out included) dies with them.
   auto body = [&](int) { std::apply(fn, std::move(args)); };
-  const auto r = dl::run_elastic(opts, any_port, [&](const LaunchOptions& a, int attempt) {
-    return dl::run_pool(a, deadline, attempt, body);
-  });
+  const auto r = dl::run_elastic(
+      opts, any_port, [&](const dl::Attempt& a) { return dl::run_pool(a, deadline, body); }, deadline);
   dl::throw_on_failure(r.outcome, opts, "notebook_launcher", r.attempt);
 }
 

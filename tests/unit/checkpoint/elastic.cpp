@@ -10,6 +10,9 @@
 #include <accel/random.hpp>
 #include <accel/runtime/restart_count.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "catch.hpp"
 #include "paths.hpp"
@@ -58,10 +62,10 @@ auto small_loader(int64_t batch) {
 enum Fault { kNone = 0, kKillAtStep10 = 1, kKillDuringSecondSave = 2 };
 
 /// 20 steps, save_state() (automatic naming) every 4; load_latest_state()
-/// first. On attempt 0 only, rank 1 meets `fault`. Rank 0 appends
+/// first. On attempt 0 only, rank `fault_rank` meets `fault`. Rank 0 appends
 /// "attempt resumed-from" to project/attempts.txt; each rank writes its
 /// final parameters to out_<rank>.pt.
-void train(std::string out, std::string project, int fault) {
+void train(std::string out, std::string project, int fault, int fault_rank) {
   accel::AcceleratorOptions o;
   o.project_dir = project;
   o.automatic_checkpoint_naming = true;
@@ -78,7 +82,7 @@ void train(std::string out, std::string project, int fault) {
   if (acc.is_main_process())
     std::ofstream(fs::path(project) / "attempts.txt", std::ios::app)
         << accel::restart_count() << ' ' << (resumed ? resumed->filename().string() : "-") << '\n';
-  const bool faulty = accel::restart_count() == 0 && acc.process_index() == 1;
+  const bool faulty = accel::restart_count() == 0 && acc.process_index() == fault_rank;
   while (counter.step < 20) {
     for (auto& batch : dl) {
       opt.zero_grad();
@@ -100,15 +104,65 @@ void train(std::string out, std::string project, int fault) {
   torch::save(params, out + "_" + std::to_string(acc.process_index()) + ".pt");
 }
 
-void launch(const fs::path& out, const fs::path& project, Fault fault, int max_restarts) {
+std::string text(const fs::path& f);
+
+/// One machine's launch: 2 processes; with `machines` > 1, node `node` of
+/// them, meeting machine 0 at `port`.
+void launch(const fs::path& out, const fs::path& project, Fault fault, int max_restarts,
+            int fault_rank = 1, int machines = 1, int node = 0, int port = 0) {
   fs::create_directories(project);
   accel::LaunchOptions lo;
   lo.num_processes = 2;
-  lo.master_port = 0;
+  lo.num_nodes = machines;
+  lo.node_rank = node;
+  lo.master_port = port;
   lo.timeout = std::chrono::seconds(300);
   lo.stop_grace = std::chrono::seconds(2);
   lo.max_restarts = max_restarts;
-  accel::notebook_launcher(train, std::make_tuple(out.string(), project.string(), static_cast<int>(fault)), lo);
+  accel::notebook_launcher(
+      train, std::make_tuple(out.string(), project.string(), static_cast<int>(fault), fault_rank), lo);
+}
+
+/// Two machines on this one: machine 1's launcher is a forked process, as on
+/// another machine; machine 0's runs here. Returns machine 0's error ("" if
+/// none) and expects machine 1 to end the same way (its error in a file).
+std::string launch_two_machines(const fs::path& out, const fs::path& project, Fault fault,
+                                int max_restarts, int fault_rank) {
+  fs::create_directories(project);
+  const int port = accel::detail::pick_free_port();
+  const fs::path other_error = out.string() + "_machine1_error.txt";
+  const pid_t other = ::fork();
+  REQUIRE(other >= 0);
+  if (other == 0) {
+    int code = 0;
+    try {
+      launch(out, project, fault, max_restarts, fault_rank, 2, 1, port);
+    } catch (const std::exception& e) {
+      std::ofstream(other_error) << e.what();
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  std::string error;
+  try {
+    launch(out, project, fault, max_restarts, fault_rank, 2, 0, port);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int status = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(other, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (::waitpid(other, &status, WNOHANG) == 0) {
+    ::kill(other, SIGKILL);
+    ::waitpid(other, &status, 0);
+    FAIL("machine 1's launcher did not end within 60 s of machine 0's");
+  }
+  REQUIRE(WIFEXITED(status));
+  INFO("machine 0: " << error);
+  INFO("machine 1: " << (fs::exists(other_error) ? text(other_error) : std::string("no error")));
+  CHECK(WEXITSTATUS(status) == (error.empty() ? 0 : 1));
+  return error;
 }
 
 std::vector<torch::Tensor> load_params(const fs::path& out, int rank) {
@@ -117,8 +171,8 @@ std::vector<torch::Tensor> load_params(const fs::path& out, int rank) {
   return v;
 }
 
-void check_identical(const fs::path& a_out, const fs::path& b_out) {
-  for (int r = 0; r < 2; ++r) {
+void check_identical(const fs::path& a_out, const fs::path& b_out, int world = 2) {
+  for (int r = 0; r < world; ++r) {
     auto a = load_params(a_out, r);
     auto b = load_params(b_out, r);
     REQUIRE(a.size() == b.size());
@@ -177,6 +231,19 @@ TEST_CASE("elastic: rank 1 killed during save_state on attempt 0 resumes from th
   CHECK(text(dir / "project" / "attempts.txt") == "0 -\n1 checkpoint_0\n");
   CHECK(listing(dir / "project" / "checkpoints") == kAllFive);
   check_identical(dir / "full", dir / "restarted");
+}
+
+TEST_CASE("elastic, two machines: rank 3 (machine 1) killed mid-epoch; both machines restart and end bit-identical",
+          "[checkpoint][elastic][gloo][machines]") {
+  const auto dir = scratch("two_machines");
+  REQUIRE(launch_two_machines(dir / "full", dir / "full_project", kNone, 0, 3).empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(launch_two_machines(dir / "restarted", dir / "project", kKillAtStep10, 1, 3).empty());
+  // Machine 0's processes were stopped at once, not after a collective timeout.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+  CHECK(text(dir / "project" / "attempts.txt") == "0 -\n1 checkpoint_1\n");
+  CHECK(listing(dir / "project" / "checkpoints") == kAllFive);
+  check_identical(dir / "full", dir / "restarted", 4);
 }
 
 TEST_CASE("load_latest_state picks the newest complete checkpoint and numbers on after every one",

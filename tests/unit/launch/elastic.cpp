@@ -299,11 +299,6 @@ TEST_CASE("elastic: invalid restart options are refused", "[launch][elastic]") {
   CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
                     ContainsSubstring("max_restarts is -1"));
   o = two(1);
-  o.num_nodes = 2;
-  o.master_port = 29999;
-  CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
-                    ContainsSubstring("with 2 nodes is not supported"));
-  o = two(1);
   o.monitor_interval = std::chrono::seconds(0);
   CHECK_THROWS_WITH(accel::notebook_launcher([] {}, std::make_tuple(), o),
                     ContainsSubstring("monitor_interval is 0 s"));
@@ -311,4 +306,46 @@ TEST_CASE("elastic: invalid restart options are refused", "[launch][elastic]") {
   ::setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
   CHECK(accel::restart_count() == 3);
   ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+}
+
+TEST_CASE("elastic, several machines: the launchers' messages survive any text", "[launch][elastic][machines]") {
+  namespace dl = accel::detail::launch;
+  const dl::AgentMessage m{"RESULT", "", "tab\there", "two\nlines\\and a backslash", "\\t literal"};
+  const std::string line = dl::encode_message(m);
+  CHECK(line.find('\n') == line.size() - 1);
+  CHECK(dl::decode_message(std::string_view(line).substr(0, line.size() - 1)) == m);
+}
+
+TEST_CASE("elastic, several machines: a launcher started for another launch is refused with both values",
+          "[launch][elastic][machines]") {
+  namespace dl = accel::detail::launch;
+  accel::LaunchOptions o;
+  o.num_processes = 2;
+  o.num_nodes = 2;
+  o.max_restarts = 1;
+  o.master_port = accel::detail::pick_free_port();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::ostringstream server_log;
+  std::string server_error;
+  std::thread machine0([&] {
+    try {
+      dl::AgentServer server(o, false, deadline, 3s, server_log);
+      server.next();
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  accel::LaunchOptions other = o;
+  other.node_rank = 1;
+  other.num_processes = 3;
+  std::ostringstream client_log;
+  dl::AgentClient client(other, deadline, 3s, client_log);
+  CHECK_THROWS_WITH(client.next(), "accel: machine 0 refused machine 1: machine 1 was started for 2 "
+                                   "machines with 3 processes each; machine 0 for 2 with 2. Give every "
+                                   "machine the same --num_machines and --num_processes.");
+  machine0.join();
+  // Machine 0 gives up within its rendezvous timeout, naming the machine it waited for.
+  CHECK_THAT(server_error, ContainsSubstring("accel: machine 1 did not join the launch at 127.0.0.1:" +
+                                             std::to_string(o.master_port) + " within 3 s"));
 }

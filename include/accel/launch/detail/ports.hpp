@@ -20,36 +20,11 @@
 #include <utility>
 
 #include <accel/errors.hpp>
+#include <accel/runtime/detail/tcp_probe.hpp>
 
 namespace accel::detail {
 
-/// An IPv4 TCP socket bound to addr:port (SO_REUSEADDR, as c10d's TCPStore
-/// sets it, so sockets in TIME_WAIT do not count as taken). Returns the fd
-/// or -errno.
-inline int bind_tcp(const std::string& addr, int port) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  // An address of this machine we cannot bind to (a hostname, another host's
-  // address) still tells us whether the port is free on all interfaces.
-  if (addr.empty() || ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  if (rc != 0 && errno == EADDRNOTAVAIL) {  // not one of our addresses: try all of them
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  }
-  if (rc != 0 || ::listen(fd, 1) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return -err;
-  }
-  return fd;
-}
+using runtime::detail::bind_tcp;
 
 /// A port that is free on addr now (the kernel's choice for port 0). Another
 /// process may take it before we use it; the window is short.

@@ -68,10 +68,6 @@ inline void validate(const LaunchOptions& o) {
               " s. Give a positive timeout.");
   ACCEL_CHECK(o.max_restarts >= 0, "accel: max_restarts is ", o.max_restarts,
               ". Give 0 (a failure ends the launch) or the number of restarts allowed.");
-  ACCEL_CHECK(o.max_restarts == 0 || o.num_nodes == 1, "accel: max_restarts (", o.max_restarts,
-              ") with ", o.num_nodes, " nodes is not supported: a restart is decided on one "
-              "machine only. Use max_restarts with one node, or restart the launch of every node "
-              "from your job scheduler.");
   ACCEL_CHECK(!o.monitor_interval || o.monitor_interval->count() > 0,
               "accel: monitor_interval is ", o.monitor_interval ? o.monitor_interval->count() : 0,
               " s. Give a positive number of seconds, or leave it unset (no hang detection).");
@@ -106,10 +102,8 @@ inline EnvList rank_environment(const LaunchOptions& o, int local_rank, const st
   return env;
 }
 
-/// A fresh id for a launch whose workers all start here (one node); a launch
-/// over several nodes has none, as each node's launcher would draw its own.
-inline std::string new_job_id(const LaunchOptions& o) {
-  if (o.num_nodes != 1) return {};
+/// A fresh random id for the workers of one launch (ACCEL_JOB_ID).
+inline std::string random_job_id() {
   std::random_device rd;
   const auto v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -117,6 +111,11 @@ inline std::string new_job_id(const LaunchOptions& o) {
   for (int i = 0; i < 16; ++i) id[static_cast<std::size_t>(i)] = kDigits[(v >> (4 * i)) & 0xF];
   return id;
 }
+
+/// The job id of a launch whose workers all start here (one node); a launch
+/// over several nodes without restarts has none, as each node's launcher would
+/// draw its own (with restarts machine 0's agent draws it for all).
+inline std::string new_job_id(const LaunchOptions& o) { return o.num_nodes == 1 ? random_job_id() : ""; }
 
 /// Intra-op threads per worker: OMP_NUM_THREADS when set to a positive number
 /// (the user's choice wins), else max(1, cores / local workers).

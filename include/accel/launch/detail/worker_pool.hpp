@@ -66,15 +66,17 @@ struct PoolOutcome {
   std::optional<WorkerResult> first_failure;
   bool timed_out = false;                     ///< the pool's deadline passed first
   int interrupted_by = 0;                     ///< signal this process received (SIGINT...), 0 if none
+  /// PoolOptions::stop_requested stopped the workers (another machine failed): why.
+  std::optional<std::string> stopped_because;
 
-  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0; }
+  bool ok() const { return !first_failure && !timed_out && interrupted_by == 0 && !stopped_because; }
   /// For a command-line launcher: 128+signal if interrupted, 124 on timeout,
   /// else the first failure's exit code (at least 1), else 0.
   int exit_code() const {
     if (interrupted_by != 0) return 128 + interrupted_by;
     if (timed_out) return 124;
     if (first_failure) return std::max(1, first_failure->exit_code());
-    return 0;
+    return stopped_because ? 1 : 0;
   }
   /// What became of the others: "process 0 failed because of it; process 2
   /// was stopped", or "" when there were no others. A process that failed by
@@ -136,6 +138,9 @@ struct PoolOptions {
   /// that has beaten and then does not for this long is killed (SIGKILL) and
   /// counts as failed. Workers that never beat are never judged.
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
+  /// Polled while the workers run (every 20 ms at most): a reason stops them
+  /// all, as a failure would (a launch over several machines, another failed).
+  std::function<std::optional<std::string>()> stop_requested;
 };
 
 /// "[rank 3] " + line: the default prefix of forwarded output.
@@ -259,6 +264,13 @@ class WorkerPool {
         out.timed_out = true;
         stop_all();
         break;
+      }
+      if (options_.stop_requested && running() > 0) {
+        if (auto why = options_.stop_requested()) {
+          out.stopped_because = std::move(why);
+          stop_all();
+          break;
+        }
       }
     }
     pump(0);
