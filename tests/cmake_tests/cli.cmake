@@ -6,7 +6,13 @@ if(TARGET accel_cli)
     add_test(NAME cli.${_t}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/${_t}.sh $<TARGET_FILE:accel_cli>
               ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_${_t} ${PROJECT_VERSION})
-    set_tests_properties(cli.${_t} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS cli)
+    # The launch tests start 2 to 4 workers and bound how long things take.
+    set(_processes 1)
+    if(_t MATCHES "^launch_|^test_command$")
+      set(_processes 2)
+    endif()
+    set_tests_properties(cli.${_t} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS cli
+                         PROCESSORS ${_processes})
   endforeach()
 
   # A real accel worker: ranks meet in the c10d store accel launch points them to.
@@ -16,5 +22,5 @@ if(TARGET accel_cli)
   add_test(NAME cli.launch_rendezvous
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/launch_rendezvous.sh $<TARGET_FILE:accel_cli>
             ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_launch_rendezvous $<TARGET_FILE:accel_cli_probe>)
-  set_tests_properties(cli.launch_rendezvous PROPERTIES TIMEOUT 180 LABELS cli)
+  set_tests_properties(cli.launch_rendezvous PROPERTIES TIMEOUT 180 LABELS cli PROCESSORS 2)
 endif()
