@@ -111,16 +111,20 @@ contains "$(cat "$T/m0.out")" "Restarting all 4 processes on 2 machines (restart
 [ "$(sort "$T/starts3" | tr '\n' ,)" = "0 0,0 1,0 2,0 3,1 0,1 1,1 2,1 3," ] || fail "attempts: $(cat "$T/starts3")"
 no_process "sleep $nap"
 
-# Rank 3 fails on every attempt: both machines stop after 2 attempts, naming
-# rank 3 and exiting with its status.
-machine 0 1 "if [ \$RANK = 3 ]; then exit 5; fi; sleep $nap" > "$T/m0.out" 2>&1 & p0=$!
-machine 1 1 "if [ \$RANK = 3 ]; then exit 5; fi; sleep $nap" > "$T/m1.out" 2>&1 & p1=$!
+# Rank 1 (machine 0) fails on every attempt: machine 1's processes are
+# stopped at once each time (not after their 60 s sleep), and both machines
+# stop after 2 attempts, naming rank 1 and exiting with its status.
+start=$(now_ms)
+machine 0 1 "if [ \$RANK = 1 ]; then exit 5; fi; sleep $nap" > "$T/m0.out" 2>&1 & p0=$!
+machine 1 1 "if [ \$RANK = 1 ]; then exit 5; fi; sleep $nap" > "$T/m1.out" 2>&1 & p1=$!
 wait $p0; rc0=$?
 wait $p1; rc1=$?
 [ "$rc0" = 5 ] && [ "$rc1" = 5 ] || fail "exit statuses $rc0 / $rc1, expected 5: $(cat "$T/m0.out" "$T/m1.out")"
+[ "$(( $(now_ms) - start ))" -lt 40000 ] || fail "machine 1 was not stopped with machine 0: $(( $(now_ms) - start )) ms"
 for f in m0 m1; do
   contains "$(cat "$T/$f.out")" "failed on attempt 2 of 2 (--max_restarts 1): exited with status 5"
-  contains "$(cat "$T/$f.out")" "rank 3 ("
+  contains "$(cat "$T/$f.out")" "rank 1 ("
+  contains "$(cat "$T/$f.out")" "processes 0, 2, 3 were stopped"
 done
 no_process "sleep $nap"
 
