@@ -1,5 +1,5 @@
-// Per-rank memory and step time of shard::Replicate, ShardOptimizer (ZeRO-1)
-// and ShardGradients (ZeRO-2) on 2 Gloo processes (forked by
+// Per-rank memory and step time of shard::Replicate, ShardOptimizer (ZeRO-1),
+// ShardGradients (ZeRO-2) and ShardParameters (ZeRO-3) on 2 Gloo processes (forked by
 // accel::notebook_launcher), for an MLP of `layers` Linear(hidden, hidden)
 // with Adam. Prints a markdown table (bench/README.md).
 //
@@ -9,7 +9,8 @@
 // "peak RSS" is the rank's high-water resident memory minus what it had on
 // entry (the forked image of the launcher); "state" counts the bytes of the
 // tensors in Adam's per-parameter state, "grads" the gradient storage held
-// between backward and step.
+// between backward and step, "params" the parameter storage held between
+// steps and its peak during the steps (ZeRO-3: chunks plus gathered units).
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
@@ -52,6 +53,7 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
   auto y = torch::randn({batch, hidden});
   double seconds = 0;
   int64_t grad_bytes = 0;
+  auto* zero = dynamic_cast<accel::shard::detail::ZeroReducer*>(&m.gradient_sync());
   for (int s = 0; s <= steps; ++s) {  // step 0 warms up (allocates the state)
     acc.wait_for_everyone();
     auto t0 = std::chrono::steady_clock::now();
@@ -68,6 +70,15 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
     opt.zero_grad();
     auto t1 = std::chrono::steady_clock::now();
     if (s > 0) seconds += std::chrono::duration<double>(t1 - t0).count();
+    if (s == 0 && zero) zero->reset_peak_parameter_bytes();  // past prepare()'s whole model
+  }
+  int64_t param_bytes = 0, peak_param_bytes = 0;
+  if (zero) {
+    param_bytes = zero->parameter_bytes();
+    peak_param_bytes = zero->peak_parameter_bytes();
+  } else {
+    for (auto& p : model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
+    peak_param_bytes = param_bytes;
   }
   int64_t state_bytes = 0;
   for (auto& [key, st] : opt->state()) {
@@ -78,7 +89,8 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
   for (auto& p : model->parameters()) params += p.numel();
   std::ofstream f(out + "_" + std::to_string(acc.process_index()) + ".txt");
   f << params << ' ' << peak_rss_mb() - entry_rss << ' ' << seconds / steps << ' '
-    << state_bytes / 1e6 << ' ' << grad_bytes / 1e6 << '\n';
+    << state_bytes / 1e6 << ' ' << grad_bytes / 1e6 << ' ' << param_bytes / 1e6 << ' '
+    << peak_param_bytes / 1e6 << '\n';
 }
 
 template <class Shard>
@@ -91,10 +103,10 @@ void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch)
   accel::notebook_launcher(worker<Shard>, std::make_tuple(out, hidden, layers, steps, batch), lo);
   for (int r = 0; r < 2; ++r) {
     std::ifstream f(out + "_" + std::to_string(r) + ".txt");
-    double params = 0, peak = 0, step = 0, state = 0, grads = 0;
-    f >> params >> peak >> step >> state >> grads;
-    std::printf("| %s | %d | %.1fM | %.0f | %.0f | %.0f | %.3f |\n", name, r, params / 1e6, peak,
-                state, grads, step);
+    double params = 0, peak = 0, step = 0, state = 0, grads = 0, held = 0, held_peak = 0;
+    f >> params >> peak >> step >> state >> grads >> held >> held_peak;
+    std::printf("| %s | %d | %.1fM | %.0f | %.0f | %.0f | %.0f / %.0f | %.3f |\n", name, r, params / 1e6, peak,
+                state, grads, held, held_peak, step);
     std::remove((out + "_" + std::to_string(r) + ".txt").c_str());
   }
 }
@@ -107,9 +119,10 @@ int main(int argc, char** argv) {
   const int steps = argc > 3 ? std::stoi(argv[3]) : 5;
   const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 16;
   at::set_num_threads(1);
-  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | step (s) |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | params held / peak (MB) | step (s) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   run<accel::shard::Replicate>("Replicate", hidden, layers, steps, batch);
   run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch);
   run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch);
+  run<accel::shard::ShardParameters>("ShardParameters", hidden, layers, steps, batch);
 }

@@ -294,6 +294,9 @@ class Accelerator {
   [[nodiscard]] ops::Join join_uneven_inputs(PreparedModel<M>&... models) {
     static_assert(sizeof...(M) > 0, "accel: join_uneven_inputs() needs the prepared models whose "
                                     "gradients are synchronised in the loop it guards.");
+    static_assert(!shards_parameters_v<Shard>, "accel: join_uneven_inputs() does not support "
+                  "shard::ShardParameters (a rank out of data cannot repeat the parameter all-gathers "
+                  "of the others' forward). Use shard::ShardGradients, or even_batches.");
     return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models](bool buffers, bool reduce) { models.join_shadow(buffers, reduce); }}...});
   }
   /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
@@ -364,6 +367,10 @@ class Accelerator {
     std::cout << std::endl;
   }
 
+  /// The user's module. Under shard::ShardParameters its trainable
+  /// parameters have no values outside the prepared model's forward and
+  /// backward (each rank holds only its partition): read them through
+  /// save_model() or save_state().
   template <class M>
   M& unwrap_model(PreparedModel<M>& model) {
     return model.module();
@@ -376,7 +383,9 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
+    with_whole_parameters(false, [&] {
+      if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
+    });
     wait_for_everyone();
   }
 
@@ -402,7 +411,7 @@ class Accelerator {
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: save_state", "accel.checkpoint");
     sync_registry();
-    ckpt::save_state(registry_, options_, std::move(dir));
+    with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
@@ -410,7 +419,7 @@ class Accelerator {
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: load_state", "accel.checkpoint");
     sync_registry();
-    ckpt::load_state(registry_, options_, std::move(dir));
+    with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
   /// Resumes from the newest complete checkpoint under project_dir/checkpoints
@@ -422,7 +431,7 @@ class Accelerator {
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
     sync_registry();
-    return ckpt::load_latest_state(registry_, options_);
+    return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
@@ -504,9 +513,16 @@ class Accelerator {
       auto opt = detail::share(std::forward<A>(a));
       registry_.add_optimizer(opt);
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
-      if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
-        if (state_->comm->size() > 1)
-          prepared.set_partition(shard::detail::bind_optimizer(state_->sharded, *opt));
+      if constexpr (Shard::shards_optimizer_state) {  // steps this rank's partition only
+        if (state_->comm->size() > 1) {
+          auto zero = shard::detail::bind_optimizer(state_->sharded, *opt);
+          registry_.partitions.push_back({zero->held_layout(), zero->whole_layout()});
+          prepared.set_partition(std::move(zero));
+        } else {
+          auto whole = unpartitioned_layout(*opt);
+          registry_.partitions.push_back({whole, whole});
+        }
+      }
       return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
@@ -517,6 +533,27 @@ class Accelerator {
       registry_.add_scheduler(std::move(sched), prepared.seen_steps());
       return prepared;
     }
+  }
+
+  // On one process a shard policy partitions nothing; load_state still needs
+  // the buckets the optimizer's parameters would have on several (none when
+  // its parameters are not exactly one prepared model's trainable ones).
+  shard::detail::PartitionLayout unpartitioned_layout(torch::optim::Optimizer& opt) const {
+    std::vector<std::vector<torch::Tensor>> listed;
+    for (auto& g : opt.param_groups()) listed.push_back(g.params());
+    const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    for (const auto& model : registry_.models) {
+      std::vector<torch::Tensor> trainable;
+      for (auto& p : model->parameters())
+        if (p.requires_grad()) trainable.push_back(p);
+      const auto group_of = shard::detail::groups_of(trainable, listed);
+      if (std::find(group_of.begin(), group_of.end(), -1) != group_of.end() || trainable.empty()) continue;
+      auto keys = group_of;
+      if constexpr (shards_parameters_v<Shard>) keys = shard::detail::bucket_keys(group_of, shard::detail::units_of(*model, trainable));
+      const auto plan = shard::detail::plan_buckets(trainable, bucket_bytes, keys);
+      return shard::detail::parameter_layout(trainable, plan, group_of, listed);
+    }
+    return {};  // not one model's trainable parameters: load_state cannot re-partition it
   }
 
   template <class M>
@@ -533,9 +570,11 @@ class Accelerator {
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
+        std::optional<shard::detail::ParameterUnits> units;
+        if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook());
+            make_comm_hook(), std::move(units));
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
@@ -651,9 +690,41 @@ class Accelerator {
   comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
+  // ShardParameters: every rank makes its models' parameters whole while a
+  // checkpoint is written or read (a collective), and frees them afterwards;
+  // what a load wrote into them becomes each rank's partition.
+  template <class F>
+  decltype(auto) with_whole_parameters(bool loads, F&& fn) {
+    if constexpr (!shards_parameters_v<Shard>) {
+      return fn();
+    } else {
+      std::vector<shard::detail::ParameterGather*> gathers;
+      for (const auto& z : state_->sharded)
+        if (auto* g = z->parameter_gather()) gathers.push_back(g);
+      struct Release {
+        std::vector<shard::detail::ParameterGather*>& gathers;
+        ~Release() {
+          for (auto* g : gathers) g->release_all();
+        }
+      } release{gathers};
+      for (auto* g : gathers) g->gather_all();
+      if constexpr (std::is_void_v<decltype(fn())>) {
+        fn();
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+      } else {
+        auto result = fn();
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+        return result;
+      }
+    }
+  }
+
   void sync_registry() {
     registry_.state = state_;
     registry_.scaler = scaler_;
+    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
     registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
     registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }

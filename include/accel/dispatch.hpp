@@ -27,7 +27,8 @@ namespace accel {
 
 /// The three policy names picked at run time. Names: backend "single" | "gloo"
 /// | "mpi" | "nccl"; precision "no" | "fp16" | "bf16" (Accelerate's
-/// mixed_precision values); shard "replicate" | "shard_optimizer" | "shard_gradients".
+/// mixed_precision values); shard "replicate" | "shard_optimizer" | "shard_gradients" |
+/// "shard_parameters".
 struct PolicyChoice {
   std::string backend = "single";
   std::string precision = "no";
@@ -86,7 +87,8 @@ using compiled_backends = std::tuple<backend::SingleDevice, backend::Gloo
 #endif
                                      >;
 using all_precisions = std::tuple<precision::Fp32, precision::Fp16, precision::Bf16>;
-using all_shards = std::tuple<shard::Replicate, shard::ShardOptimizer, shard::ShardGradients>;
+using all_shards =
+    std::tuple<shard::Replicate, shard::ShardOptimizer, shard::ShardGradients, shard::ShardParameters>;
 
 /// Calls `fn(accelerator)` with an Accelerator<B, P, S>& whose policy names
 /// equal `choice`, among the combinations of Backends x Precisions x Shards

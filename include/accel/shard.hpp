@@ -7,5 +7,6 @@
 #include <accel/shard/replicate.hpp>
 #include <accel/shard/shard_gradients.hpp>
 #include <accel/shard/shard_optimizer.hpp>
+#include <accel/shard/shard_parameters.hpp>
 
 #endif  // ACCEL_SHARD_HPP

@@ -3813,12 +3813,20 @@ namespace accel {
 ///   static constexpr std::string_view name;
 ///   static constexpr bool shards_optimizer_state;  // ZeRO-1
 ///   static constexpr bool shards_gradients;        // ZeRO-2
+///   static constexpr bool shards_parameters;       // ZeRO-3 (optional: false when absent)
 template <class S>
 concept ShardPolicy = requires {
   { S::name } -> std::convertible_to<std::string_view>;
   { S::shards_optimizer_state } -> std::convertible_to<bool>;
   { S::shards_gradients } -> std::convertible_to<bool>;
 };
+
+/// Whether S partitions the parameters themselves (ZeRO-3).
+template <class S>
+inline constexpr bool shards_parameters_v = [] {
+  if constexpr (requires { S::shards_parameters; }) return static_cast<bool>(S::shards_parameters);
+  else return false;
+}();
 
 template <class S>
 struct is_shard_policy : std::bool_constant<ShardPolicy<S>> {};
@@ -3829,7 +3837,7 @@ template <class S>
 struct check_shard_policy {
   static_assert(is_shard_policy_v<S>,
                 "accel: the Shard parameter of Accelerator is not a shard policy. Use "
-                "accel::shard::Replicate, ShardOptimizer or ShardGradients.");
+                "accel::shard::Replicate, ShardOptimizer, ShardGradients or ShardParameters.");
   static constexpr bool value = is_shard_policy_v<S>;
 };
 
@@ -3912,6 +3920,35 @@ struct ShardOptimizer {
 
 #endif  // ACCEL_SHARD_SHARD_OPTIMIZER_HPP
 // end <accel/shard/shard_optimizer.hpp>
+// begin <accel/shard/shard_parameters.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::ShardParameters (ZeRO stage 3).
+#ifndef ACCEL_SHARD_SHARD_PARAMETERS_HPP
+#define ACCEL_SHARD_SHARD_PARAMETERS_HPP
+
+#include <string_view>
+
+
+namespace accel::shard {
+
+/// ZeRO-3: as ShardGradients, and each rank keeps only its partition of the
+/// parameters too. A unit's parameters are all-gathered just before its
+/// forward and freed after it, gathered again for its backward and freed
+/// once their gradients are reduce-scattered. Units: the children of a
+/// torch::nn::Sequential; any other model is one unit (docs/sharding.md).
+struct ShardParameters {
+  static constexpr std::string_view name = "ShardParameters";
+  /// The value of Accelerate-style config files and `accel launch` flags.
+  static constexpr std::string_view config_name = "shard_parameters";
+  static constexpr bool shards_optimizer_state = true;
+  static constexpr bool shards_gradients = true;
+  static constexpr bool shards_parameters = true;
+};
+
+}  // namespace accel::shard
+
+#endif  // ACCEL_SHARD_SHARD_PARAMETERS_HPP
+// end <accel/shard/shard_parameters.hpp>
 
 #endif  // ACCEL_SHARD_HPP
 // end <accel/shard.hpp>
@@ -10687,6 +10724,7 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #define ACCEL_PREPARED_MODEL_HPP
 
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -10741,6 +10779,7 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 #ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 #define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 
+#include <cstddef>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -10749,6 +10788,8 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 
 
 namespace accel::shard::detail {
+
+class ParameterGather;
 
 class GradientSync {
  public:
@@ -10779,6 +10820,9 @@ class GradientSync {
   /// Accelerator::register_comm_hook); null where nothing is communicated.
   virtual comm::Hook* comm_hook() const { return nullptr; }
   virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
+  /// Under shard::ShardParameters, how the model's forward gathers its
+  /// parameters; null where every rank holds them whole.
+  virtual ParameterGather* parameter_gather() { return nullptr; }
 
  private:
   std::shared_ptr<const bool> sync_now_;
@@ -10796,6 +10840,28 @@ class OptimizerPartition {
   /// After the inner optimizer step: make every rank's full parameters the
   /// updated ones again (all-gather). stepped is false when it was skipped.
   virtual void after_step(bool stepped) = 0;
+};
+
+/// ZeRO-3 (shard::ShardParameters): each rank holds a partition of the
+/// parameters; the whole values exist only while a unit computes. Units are
+/// numbered as the model's children (unit_of_parameters). Every call is a
+/// collective where it gathers: all ranks make the same calls in the same order.
+class ParameterGather {
+ public:
+  virtual ~ParameterGather() = default;
+  virtual std::size_t num_units() const = 0;
+  /// Makes unit u's parameters (and any tied parameter it uses) whole.
+  virtual void gather_unit(std::size_t u) = 0;
+  /// Frees what gather_unit(u) made whole.
+  virtual void release_unit(std::size_t u) = 0;
+  /// Unit u's backward is next (units run as a chain): the units after it
+  /// are done with theirs and are freed; unit u is gathered.
+  virtual void gather_for_backward(std::size_t u) = 0;
+  virtual void gather_all() = 0;
+  virtual void release_all() = 0;
+  /// After the parameters were written while whole (load_state): each
+  /// rank's partition takes the new values.
+  virtual void keep_written_values() = 0;
 };
 
 /// The policy for one process: gradients are already complete.
@@ -11060,6 +11126,23 @@ T outputs_to_fp32(T&& out) {
   }
 }
 
+/// Whether autograd may run backward through out (ShardParameters keeps a
+/// model's parameters gathered until then); unknown types: assume so.
+template <class T>
+bool may_need_backward(const T& out) {
+  if constexpr (std::is_same_v<T, torch::Tensor>) {
+    return out.defined() && out.requires_grad();
+  } else if constexpr (requires { std::tuple_size<T>::value; }) {
+    return std::apply([](const auto&... e) { return (may_need_backward(e) || ... || false); }, out);
+  } else if constexpr (std::is_same_v<T, std::vector<torch::Tensor>>) {
+    for (const auto& e : out)
+      if (may_need_backward(e)) return true;
+    return false;
+  } else {
+    return true;
+  }
+}
+
 }  // namespace detail
 
 template <class M>
@@ -11091,11 +11174,11 @@ class PreparedModel {
     if (buffers) broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
     if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
-      get()->forward(std::forward<A>(args)...);
+      module_forward(std::forward<A>(args)...);
     } else if (autocast_) {
-      return detail::outputs_to_fp32(get()->forward(std::forward<A>(args)...));
+      return detail::outputs_to_fp32(module_forward(std::forward<A>(args)...));
     } else {
-      return get()->forward(std::forward<A>(args)...);
+      return module_forward(std::forward<A>(args)...);
     }
   }
 
@@ -11116,6 +11199,60 @@ class PreparedModel {
   }
 
  private:
+  template <class... A>
+  auto module_forward(A&&... args) -> decltype(get()->forward(std::forward<A>(args)...)) {
+    if (auto* gather = sync_->parameter_gather()) return gathered_forward(*gather, std::forward<A>(args)...);
+    return get()->forward(std::forward<A>(args)...);
+  }
+
+  // shard::ShardParameters: a Sequential runs module by module, each one's
+  // parameters gathered just for its forward and again, from a hook on its
+  // output's gradient, for its backward. Any other model is gathered whole;
+  // when its output carries gradients the parameters stay until backward
+  // hands each bucket's gradients to the reduce-scatter.
+  template <class... A>
+  auto gathered_forward(shard::detail::ParameterGather& gather, A&&... args)
+      -> decltype(get()->forward(std::forward<A>(args)...)) {
+    using R = decltype(get()->forward(std::forward<A>(args)...));
+    if constexpr (std::is_same_v<module_type, torch::nn::SequentialImpl> && std::is_same_v<R, torch::Tensor>) {
+      return forward_by_unit(gather, std::forward<A>(args)...);
+    } else {
+      gather.gather_all();
+      if constexpr (std::is_void_v<R>) {
+        get()->forward(std::forward<A>(args)...);
+        if (!torch::GradMode::is_enabled()) gather.release_all();
+      } else {
+        R out = get()->forward(std::forward<A>(args)...);
+        if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
+        return out;
+      }
+    }
+  }
+
+  template <class... A>
+  torch::Tensor forward_by_unit(shard::detail::ParameterGather& gather, A&&... args) {
+    auto& seq = *get();
+    ACCEL_CHECK(!seq.is_empty(), "accel: forward of an empty torch::nn::Sequential.");
+    const bool grad = torch::GradMode::is_enabled();
+    std::weak_ptr<shard::detail::GradientSync> sync = sync_;
+    std::optional<torch::nn::AnyValue> value;
+    std::size_t u = 0;
+    for (auto it = seq.begin(); it != seq.end(); ++it, ++u) {
+      gather.gather_unit(u);
+      if (u == 0)
+        value.emplace(it->any_forward(std::forward<A>(args)...));
+      else
+        value.emplace(it->any_forward(std::move(*value)));
+      if (auto* out = value->template try_get<torch::Tensor>(); grad && out && out->requires_grad())
+        out->register_hook([sync, u](const torch::Tensor&) {
+          if (auto s = sync.lock())
+            if (auto* g = s->parameter_gather()) g->gather_for_backward(u);
+        });
+      gather.release_unit(u);
+    }
+    return value->template get<torch::Tensor>();
+  }
+
   // Buffers (BatchNorm statistics) follow rank 0 before each training forward,
   // as DDP's broadcast_buffers does, so every replica computes the same thing.
   void broadcast_buffers() {
@@ -11815,32 +11952,51 @@ inline std::string decimal_address(const std::string& hex_key) {
   return std::to_string(std::stoull(hex_key, nullptr, 16));
 }
 
+/// One value of an archive as LibTorch stored it: a tensor registered as a
+/// parameter or a buffer, or any other value (an attribute).
+struct ArchiveValue {
+  enum class Kind { parameter, buffer, attribute };
+  c10::IValue value;
+  Kind kind = Kind::attribute;
+};
+
+/// `key` of `in`, which must not be a sub-archive.
+inline ArchiveValue read_value(torch::serialize::InputArchive& in, const std::string& key) {
+  torch::Tensor t;
+  if (in.try_read(key, t, /*is_buffer=*/false)) return {t, ArchiveValue::Kind::parameter};
+  if (in.try_read(key, t, /*is_buffer=*/true)) return {t, ArchiveValue::Kind::buffer};
+  c10::IValue v;
+  in.read(key, v);
+  return {std::move(v), ArchiveValue::Kind::attribute};
+}
+
+inline void write_value(torch::serialize::OutputArchive& out, const std::string& key, const ArchiveValue& v) {
+  if (v.kind == ArchiveValue::Kind::attribute)
+    out.write(key, v.value);
+  else
+    out.write(key, v.value.toTensor(), /*is_buffer=*/v.kind == ArchiveValue::Kind::buffer);
+}
+
 /// Copies an archive key by key (sub-archives, parameters, buffers, other
-/// values), with hex addresses rewritten in decimal where they name states:
-/// keys directly under "state" and string values under "params".
-inline void copy_with_decimal_addresses(torch::serialize::InputArchive& in,
-                                        torch::serialize::OutputArchive& out,
-                                        const std::string& parent = "") {
+/// values). With decimal_addresses, hex addresses are rewritten in decimal
+/// where they name optimizer states: keys directly under "state" and string
+/// values under "params".
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses = false, const std::string& parent = "") {
   for (const std::string& key : in.keys()) {
     torch::serialize::InputArchive sub;
     if (in.try_read(key, sub)) {
       torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_with_decimal_addresses(sub, copy, key);
-      out.write(parent == "state" && is_hex_address(key) ? decimal_address(key) : key, copy);
+      copy_archive(sub, copy, decimal_addresses, key);
+      const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
+      out.write(rename ? decimal_address(key) : key, copy);
       continue;
     }
-    torch::Tensor t;
-    if (in.try_read(key, t, /*is_buffer=*/false)) {
-      out.write(key, t, /*is_buffer=*/false);
-    } else if (in.try_read(key, t, /*is_buffer=*/true)) {
-      out.write(key, t, /*is_buffer=*/true);
-    } else {
-      c10::IValue v;
-      in.read(key, v);
-      if (v.isString() && key.rfind("params/", 0) == 0 && is_hex_address(v.toStringRef()))
-        v = c10::IValue(decimal_address(v.toStringRef()));
-      out.write(key, v);
-    }
+    auto v = read_value(in, key);
+    if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
+        is_hex_address(v.value.toStringRef()))
+      v.value = c10::IValue(decimal_address(v.value.toStringRef()));
+    write_value(out, key, v);
   }
 }
 
@@ -11859,7 +12015,7 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
 #if ACCEL_TORCH_AT_LEAST(2, 0)
   if (has_hex_state_keys(in)) {
     torch::serialize::OutputArchive rewritten;
-    copy_with_decimal_addresses(in, rewritten);
+    copy_archive(in, rewritten, /*decimal_addresses=*/true);
     std::stringstream bytes;
     rewritten.save_to(bytes);
     torch::serialize::InputArchive converted;
@@ -11958,6 +12114,180 @@ class StatePreHooks {
 
 #endif  // ACCEL_CHECKPOINT_STATE_HOOKS_HPP
 // end <accel/checkpoint/state_hooks.hpp>
+// begin <accel/shard/detail/partition_layout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::PartitionLayout: where each tensor an
+/// optimizer steps lies in the flat buckets of a sharded model. save_state
+/// records the buckets, so that load_state can re-partition optimizer state
+/// saved by another number of processes (checkpoint/detail/optimizer_relayout.hpp).
+#ifndef ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+#define ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/bucket_plan.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::plan_buckets, how gradient sync groups
+/// parameters into flat buckets, and storage_alias, how a parameter or its
+/// gradient lives inside one.
+#ifndef ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+#define ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
+/// autograd view: LibTorch's zero_grad (detach_ + zero_), in-place
+/// accumulation, set_data and optimizers treat it as a leaf and keep it.
+inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+}
+
+/// Which parameters share a bucket and where each one sits in it. Every
+/// reducer (Replicate's, ZeRO's) uses this one plan, so that the order of
+/// collectives, and the chunks a sharded optimizer checkpoints, follow one rule.
+struct BucketPlan {
+  struct Slot {
+    std::size_t bucket = 0;
+    int64_t offset = 0;          ///< first element of the parameter in its bucket
+    std::vector<int64_t> shape;  ///< the parameter's shape when it was planned
+  };
+  std::vector<std::vector<std::size_t>> buckets;  ///< parameter indices, in bucket order
+  std::vector<int64_t> numel;                     ///< elements of each bucket (unpadded)
+  std::vector<Slot> slots;                        ///< one per parameter
+
+  std::size_t size() const { return buckets.size(); }
+};
+
+/// Buckets hold parameters in reverse registration order (roughly the order
+/// backward produces their gradients); a new bucket starts when the next
+/// parameter would take it past bucket_bytes, or has another dtype, device or
+/// group (group_of: e.g. the optimizer's parameter group; empty: one group).
+inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                               const std::vector<int>& group_of = {}) {
+  const auto group = [&](std::size_t k) { return group_of.empty() ? 0 : group_of[k]; };
+  BucketPlan plan;
+  plan.slots.resize(params.size());
+  int64_t bytes = 0;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    bool start = plan.buckets.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
+    if (!start) {
+      const auto first = plan.buckets.back().front();
+      const auto& q = params[first];
+      start = q.scalar_type() != p.scalar_type() || q.device() != p.device() || group(first) != group(k);
+    }
+    if (start) {
+      plan.buckets.emplace_back();
+      plan.numel.push_back(0);
+      bytes = 0;
+    }
+    plan.slots[k] = BucketPlan::Slot{plan.buckets.size() - 1, plan.numel.back(), p.sizes().vec()};
+    plan.buckets.back().push_back(k);
+    plan.numel.back() += p.numel();
+    bytes += static_cast<int64_t>(p.nbytes());
+  }
+  return plan;
+}
+
+/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
+/// with each of its parameters' shapes: what a communication hook sees.
+inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
+  std::vector<torch::Tensor> views;
+  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
+  return views;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+// end <accel/shard/detail/bucket_plan.hpp>
+
+namespace accel::shard::detail {
+
+/// The buckets (BucketPlan: they depend on the model, the optimizer's groups
+/// and bucket_cap_mb, not on the number of processes) and, for every
+/// parameter k of optimizer group g, the range of its bucket it holds.
+struct PartitionLayout {
+  struct Piece {
+    std::size_t bucket = 0;
+    int64_t offset = 0;          ///< first element in the bucket (may lie in its padding)
+    int64_t numel = 0;
+    std::vector<int64_t> shape;  ///< of the tensor the optimizer holds
+  };
+  std::vector<int64_t> bucket_numel;  ///< unpadded, in bucket order
+  std::vector<int> bucket_group;      ///< the optimizer group of each bucket
+  std::vector<std::vector<Piece>> groups;
+};
+
+/// ZeRO's partition on `rank` of `world`: group g holds, in bucket order,
+/// chunk `rank` (ceil(numel / world) elements) of each of its buckets.
+inline PartitionLayout chunk_layout(std::vector<int64_t> numel, std::vector<int> group, std::size_t groups,
+                                    int world, int rank) {
+  PartitionLayout l;
+  l.groups.resize(groups);
+  for (std::size_t b = 0; b < numel.size(); ++b) {
+    const int64_t chunk = (numel[b] + world - 1) / world;
+    l.groups[static_cast<std::size_t>(group[b])].push_back({b, rank * chunk, chunk, {chunk}});
+  }
+  l.bucket_numel = std::move(numel);
+  l.bucket_group = std::move(group);
+  return l;
+}
+
+/// The unpartitioned optimizer over the same buckets: each group holds its
+/// parameters (`group_params`, as the optimizer lists them) whole.
+/// `trainable` and `group_of` are what the plan was made from.
+inline PartitionLayout parameter_layout(const std::vector<torch::Tensor>& trainable, const BucketPlan& plan,
+                                        const std::vector<int>& group_of,
+                                        const std::vector<std::vector<torch::Tensor>>& group_params) {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t k = 0; k < trainable.size(); ++k) index[trainable[k].unsafeGetTensorImpl()] = k;
+  PartitionLayout l;
+  l.bucket_numel = plan.numel;
+  for (const auto& members : plan.buckets) l.bucket_group.push_back(group_of[members.front()]);
+  for (const auto& params : group_params) {
+    auto& pieces = l.groups.emplace_back();
+    for (const auto& p : params) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      ACCEL_CHECK(it != index.end(), "accel: the optimizer holds a parameter that is not a trainable "
+                  "parameter of its prepared model; a shard policy needs exactly those.");
+      const auto& slot = plan.slots[it->second];
+      pieces.push_back({slot.bucket, slot.offset, p.numel(), slot.shape});
+    }
+  }
+  return l;
+}
+
+/// group_of for plan_buckets: the optimizer group of each trainable parameter
+/// (-1: in none).
+inline std::vector<int> groups_of(const std::vector<torch::Tensor>& trainable,
+                                  const std::vector<std::vector<torch::Tensor>>& group_params) {
+  std::unordered_map<const c10::TensorImpl*, int> group;
+  for (std::size_t g = 0; g < group_params.size(); ++g)
+    for (const auto& p : group_params[g]) group[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+  std::vector<int> out;
+  for (const auto& p : trainable) {
+    const auto it = group.find(p.unsafeGetTensorImpl());
+    out.push_back(it == group.end() ? -1 : it->second);
+  }
+  return out;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+// end <accel/shard/detail/partition_layout.hpp>
 
 #include <torch/torch.h>
 
@@ -12144,6 +12474,9 @@ struct StateRegistry {
   struct Loader {
     std::function<data::LoaderCheckpoint()> position;
     std::function<void(const data::LoaderCheckpoint&)> restore;
+    /// Samples one batch of every process takes together: a position saved
+    /// by another number of processes is mapped through it.
+    std::function<int64_t()> samples_per_step;
   };
 
   std::vector<std::shared_ptr<torch::nn::Module>> models;
@@ -12155,8 +12488,17 @@ struct StateRegistry {
   std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
   std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
-  bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
+  bool shards_optimizer_state = false;  ///< the shard policy partitions optimizer state
+  bool optimizer_per_rank = false;   ///< ... and there are several processes to partition it over
   double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
+  /// Under such a policy, per optimizer: what this process's optimizer steps
+  /// (its chunks, or its parameters whole on one process) and what it would
+  /// step on one process; load_state re-partitions state saved by another
+  /// number of processes with them.
+  struct Partition {
+    shard::detail::PartitionLayout held, whole;
+  };
+  std::vector<Partition> partitions;
   StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
   /// During one save_state()/load_state(): the models its pre-hooks took
   /// out of accel's hands (their files are not written / not read).
@@ -12194,7 +12536,8 @@ struct StateRegistry {
   void add_loader(const L& loader) {
     auto shared = std::make_shared<L>(loader);
     loaders.push_back({[shared] { return shared->checkpoint(); },
-                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); }});
+                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); },
+                       [shared] { return shared->total_batch_size(); }});
   }
 
   template <Checkpointable T>
@@ -12298,10 +12641,12 @@ inline fs::path normal_dir(const fs::path& dir) {
   return p;
 }
 
+inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
+  return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
+                  : indexed_name("optimizer", i, ".pt");
+}
 inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
-  return reg.optimizer_per_rank
-             ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
-             : indexed_name("optimizer", i, ".pt");
+  return optimizer_file(i, rank, reg.optimizer_per_rank);
 }
 
 inline std::string random_states_file(int rank) {
@@ -12405,7 +12750,8 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
-    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
+    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
+                       {"samples_per_step", l.samples_per_step()}});
   }
   sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
   return sums;
@@ -12436,6 +12782,23 @@ inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
   return mine;
 }
 
+/// The buckets each optimizer's partitions follow (shard policies that
+/// partition optimizer state; null where they are not known), so that
+/// another number of processes can re-partition the state.
+inline nlohmann::json partitions_json(const StateRegistry& reg) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : reg.partitions) {
+    if (p.whole.groups.empty()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back({{"bucket_numel", p.whole.bucket_numel},
+                   {"bucket_group", p.whole.bucket_group},
+                   {"groups", p.whole.groups.size()}});
+  }
+  return out;
+}
+
 inline nlohmann::json checksums_json(const Checksums& sums) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, sum] : sums) j[name] = to_hex(sum);
@@ -12454,6 +12817,206 @@ inline nlohmann::json checksums_json(const Checksums& sums) {
 #ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 #define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 
+// begin <accel/checkpoint/detail/optimizer_relayout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Re-partitions the optimizer state of a sharded model saved by another
+/// number of processes: load_state on 1, 3 or 4 processes of a checkpoint
+/// that 2 wrote under shard::ShardOptimizer or shard::ShardGradients.
+///
+/// Each process's optimizer archive holds one state per tensor it stepped
+/// (its chunk of every bucket, or, on one process, every parameter whole).
+/// The buckets do not depend on the number of processes, only the chunks do.
+/// So the saved states are laid back into their buckets (every element-wise
+/// tensor: Adam's moments, SGD's momentum...), and the pieces this process
+/// steps now are cut out of them; state that is not element-wise (a step
+/// count) is taken from the first saved piece of the bucket. The result is an
+/// archive in LibTorch's own optimizer format, loaded as any other.
+#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::ckpt::detail {
+
+using shard::detail::PartitionLayout;
+
+/// One saved optimizer archive, with the layout of what it stepped.
+struct SavedPartition {
+  torch::serialize::InputArchive* archive = nullptr;
+  PartitionLayout layout;
+  std::filesystem::path file;  ///< for messages
+};
+
+namespace relayout {
+
+/// A parameter's saved state: field name -> value (LibTorch writes each
+/// field of a param state as one attribute).
+using FieldMap = std::map<std::string, ArchiveValue>;
+
+/// The state of every parameter of every group, by position (an empty map:
+/// the optimizer kept no state for it).
+inline std::vector<std::vector<FieldMap>> read_states(const SavedPartition& saved) {
+  auto& in = *saved.archive;
+  const auto fail = [&](const std::string& why) {
+    throw Error(accel::detail::concat("accel: cannot re-partition the optimizer state in '", saved.file.string(),
+                                      "' (", why, "). Resume with the number of processes that saved it, "
+                                      "or load a checkpoint written completely by save_state()."));
+  };
+  torch::serialize::InputArchive groups_in, states_in;
+  if (!in.try_read("param_groups", groups_in) || !in.try_read("state", states_in))
+    fail("it is not a LibTorch optimizer archive");
+  torch::Tensor size;
+  if (!groups_in.try_read("param_groups/size", size)) fail("it lists no parameter groups");
+  if (size.item<int64_t>() != static_cast<int64_t>(saved.layout.groups.size()))
+    fail(accel::detail::concat("it has ", size.item<int64_t>(), " parameter groups, the saved buckets ",
+                               saved.layout.groups.size()));
+  std::vector<std::vector<FieldMap>> out(saved.layout.groups.size());
+  for (std::size_t g = 0; g < out.size(); ++g) {
+    torch::serialize::InputArchive group;
+    torch::Tensor count;
+    if (!groups_in.try_read("param_groups/" + std::to_string(g), group) || !group.try_read("params/size", count))
+      fail(accel::detail::concat("parameter group ", g, " is unreadable"));
+    if (count.item<int64_t>() != static_cast<int64_t>(saved.layout.groups[g].size()))
+      fail(accel::detail::concat("parameter group ", g, " holds ", count.item<int64_t>(),
+                                 " tensors, the saved buckets give it ", saved.layout.groups[g].size()));
+    for (std::size_t k = 0; k < saved.layout.groups[g].size(); ++k) {
+      c10::IValue key;
+      if (!group.try_read("params/" + std::to_string(k), key) || !key.isString())
+        fail(accel::detail::concat("parameter ", k, " of group ", g, " has no key"));
+      FieldMap fields;
+      torch::serialize::InputArchive state;
+      if (states_in.try_read(key.toStringRef(), state))
+        for (const auto& name : state.keys()) fields[name] = read_value(state, name);
+      out[g].push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+/// Is this field of a piece's state element-wise (a tensor shaped like the piece)?
+inline bool elementwise(const ArchiveValue& v, const PartitionLayout::Piece& piece) {
+  return v.value.isTensor() && v.value.toTensor().defined() && v.value.toTensor().sizes().vec() == piece.shape;
+}
+
+/// One bucket's state laid out flat: element-wise fields over the whole
+/// bucket (padding included), other fields as the first saved piece had them.
+struct BucketState {
+  std::map<std::string, ArchiveValue> flat;  ///< tensors of the bucket's length
+  FieldMap other;
+  bool any = false;  ///< some saved piece of the bucket had state
+};
+
+}  // namespace relayout
+
+/// The archive that an optimizer holding `target` loads: the state of
+/// `saved` (every process's archive of the run that saved it) re-cut. The
+/// layouts must describe the same buckets (the caller checks).
+inline torch::serialize::InputArchive relayout_optimizer(const std::vector<SavedPartition>& saved,
+                                                         const PartitionLayout& target,
+                                                         c10::optional<torch::Device> device) {
+  using namespace relayout;
+  const std::size_t buckets = target.bucket_numel.size();
+  // Every bucket's length, padding of any layout included.
+  std::vector<int64_t> length(target.bucket_numel);
+  const auto cover = [&](const PartitionLayout& l) {
+    for (const auto& group : l.groups)
+      for (const auto& p : group) length[p.bucket] = std::max(length[p.bucket], p.offset + p.numel);
+  };
+  cover(target);
+  for (const auto& s : saved) cover(s.layout);
+
+  std::vector<BucketState> state(buckets);
+  for (const auto& s : saved) {
+    const auto fields = read_states(s);
+    for (std::size_t g = 0; g < s.layout.groups.size(); ++g) {
+      for (std::size_t k = 0; k < s.layout.groups[g].size(); ++k) {
+        const auto& piece = s.layout.groups[g][k];
+        auto& b = state[piece.bucket];
+        for (const auto& [name, value] : fields[g][k]) {
+          b.any = true;
+          if (!elementwise(value, piece)) {
+            b.other.emplace(name, value);
+            continue;
+          }
+          const auto t = value.value.toTensor();
+          auto& flat = b.flat[name];
+          if (flat.value.isNone()) flat = {torch::zeros({length[piece.bucket]}, t.options()), value.kind};
+          flat.value.toTensor().narrow(0, piece.offset, piece.numel).copy_(t.reshape({-1}));
+        }
+      }
+    }
+  }
+
+  // LibTorch's optimizer format (torch/optim/serialize.h): the states keyed
+  // by a name per tensor, and each group listing its tensors' names in order.
+  auto& first = *saved.front().archive;
+  torch::serialize::OutputArchive out;
+  torch::serialize::OutputArchive states(out.compilation_unit()), groups(out.compilation_unit());
+  torch::serialize::InputArchive saved_groups;
+  first.read("param_groups", saved_groups);
+  groups.write("param_groups/size", torch::tensor(static_cast<int64_t>(target.groups.size())));
+  int64_t name = 0;
+  for (std::size_t g = 0; g < target.groups.size(); ++g) {
+    torch::serialize::OutputArchive group(out.compilation_unit());
+    group.write("params/size", torch::tensor(static_cast<int64_t>(target.groups[g].size())));
+    for (std::size_t k = 0; k < target.groups[g].size(); ++k) {
+      const auto& piece = target.groups[g][k];
+      const std::string key = std::to_string(++name);  // decimal: read as an address by 2.x
+      group.write("params/" + std::to_string(k), c10::IValue(key));
+      const auto& b = state[piece.bucket];
+      if (!b.any) continue;
+      torch::serialize::OutputArchive fields(out.compilation_unit());
+      for (const auto& [field, value] : b.other) write_value(fields, field, value);
+      for (const auto& [field, flat] : b.flat) {
+        auto cut = flat.value.toTensor().narrow(0, piece.offset, piece.numel).reshape(piece.shape).clone();
+        write_value(fields, field, {std::move(cut), flat.kind});
+      }
+      states.write(key, fields);
+    }
+    torch::serialize::InputArchive saved_group, options;
+    saved_groups.read("param_groups/" + std::to_string(g), saved_group);
+    saved_group.read("options", options);
+    torch::serialize::OutputArchive options_copy(out.compilation_unit());
+    copy_archive(options, options_copy);
+    group.write("options", options_copy);
+    groups.write("param_groups/" + std::to_string(g), group);
+  }
+  // Everything else as the first archive has it (LibTorch's format version,
+  // accel's group options).
+  for (const auto& key : first.keys()) {
+    if (key == "state" || key == "param_groups") continue;
+    torch::serialize::InputArchive sub;
+    if (first.try_read(key, sub)) {
+      torch::serialize::OutputArchive copy(out.compilation_unit());
+      copy_archive(sub, copy);
+      out.write(key, copy);
+    } else {
+      write_value(out, key, read_value(first, key));
+    }
+  }
+  out.write("state", states);
+  out.write("param_groups", groups);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive result;
+  result.load_from(bytes, device);
+  return result;
+}
+
+}  // namespace accel::ckpt::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+// end <accel/checkpoint/detail/optimizer_relayout.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -12485,7 +13048,7 @@ struct ReadState {
   nlohmann::json meta;
   std::vector<NamedTensors> models;
   std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
-  GeneratorStates generators;
+  std::optional<GeneratorStates> generators;  ///< none: a process the saving run did not have
   std::vector<data::LoaderCheckpoint> loaders;
   std::optional<std::pair<double, int64_t>> scaler;
 };
@@ -12501,11 +13064,10 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
               "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
               s.meta["format_version"].dump(), "). Load it with that version.");
-  const auto world = json_field<int64_t>(s.meta, "world_size", state_file);
-  ACCEL_CHECK(world == comm.size(), "accel: the checkpoint '", dir.string(), "' was saved by ",
-              world, " processes but this run has ", comm.size(),
-              "; its random states and data loader positions are per process and cannot be "
-              "mapped onto another world size. Resume with ", world, " processes.");
+  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
+  const bool other_world = saved_world != comm.size();
+  ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
+              " processes. Load a directory written by save_state().");
   check_count(s.meta, "models", reg.models.size(), "models", state_file);
   check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
   check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
@@ -12518,15 +13080,24 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
               "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
               "this Accelerator's prepared models have ", hooks, ". Resume with the same "
               "AcceleratorOptions::comm_hook as the run that saved it.");
+  ACCEL_CHECK(!other_world || hooks == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+              saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
+              "feedback and Q matrices are per process and cannot be mapped onto another number of "
+              "processes. Resume with ", saved_world, " processes.");
   ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
               "Accelerator runs ", reg.scaler ? "with" : "without",
               " one. Resume with the same precision policy.");
-  ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
+  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
+  // Checkpoints from before re-partitioning record only whether the state was per process.
+  const bool saved_shards = s.meta.contains("shards_optimizer_state")
+                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
+                                : saved_per_rank;
+  ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
-  if (reg.optimizer_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
     // Each rank's optimizer file holds its chunks of the gradient buckets.
     const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
     ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
@@ -12535,10 +13106,61 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                 ", which splits the parameters differently. Resume with "
                 "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
   }
+  // Another number of processes: the optimizer files whose state each
+  // optimizer is cut from now (all processes' files), with their layouts.
+  const bool relayout = other_world && reg.shards_optimizer_state;
+  std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
+  if (relayout) {
+    const auto saved = s.meta.find("partitions");
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
+                         (*saved)[i].is_object() && i < reg.partitions.size() &&
+                         !reg.partitions[i].whole.groups.empty();
+      ACCEL_CHECK(known, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                  " processes but this run has ", comm.size(), ", and it records no buckets for the "
+                  "sharded state of optimizer ", i, " (written by an older accel, or an optimizer "
+                  "that does not hold exactly one prepared model's trainable parameters), so that "
+                  "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
+      const auto& whole = reg.partitions[i].whole;
+      const auto& entry = (*saved)[i];
+      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
+      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
+      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
+      ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
+                  "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
+                  " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
+                  "run's model, optimizer parameter groups and bucket_cap_mb make ", whole.bucket_numel.size(),
+                  " buckets of ", c10::IntArrayRef(whole.bucket_numel), ". Resume with the same model, "
+                  "parameter groups and AcceleratorOptions::bucket_cap_mb as the run that saved it.");
+      if (saved_per_rank) {
+        for (int r = 0; r < saved_world; ++r)
+          sources[i].push_back({nullptr, shard::detail::chunk_layout(numel, group, groups, static_cast<int>(saved_world), r),
+                                dir / optimizer_file(i, r, true)});
+      } else {
+        sources[i].push_back({nullptr, whole, dir / optimizer_file(i, 0, false)});
+      }
+    }
+  }
+  // A process the saving run did not have keeps its random generators and
+  // continues the data where process 0 stood (mapped below).
+  const bool has_own_files = rank < saved_world;
+  const std::string loader_positions = loaders_file(has_own_files ? rank : 0);
 
   // Every missing file at once.
-  std::vector<std::string> files = main_files(reg);
-  for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
+  std::vector<std::string> files;
+  if (!other_world) {
+    files = main_files(reg);
+    for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
+  } else {
+    for (auto& f : main_files(reg))
+      if (f.rfind("optimizer", 0) != 0) files.push_back(std::move(f));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      if (!relayout) files.push_back(optimizer_file(i, 0, false));
+      for (const auto& src : sources[i]) files.push_back(src.file.filename().string());
+    }
+    if (has_own_files) files.push_back(random_states_file(rank));
+    files.push_back(loader_positions);
+  }
   std::vector<std::string> missing;
   std::error_code ec;
   for (const auto& f : files)
@@ -12553,7 +13175,10 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                 "it from the list and loads it the same way.");
   }
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
-              ". Load a directory written completely by save_state().");
+              other_world ? ". Another number of processes reads every process's optimizer files: put "
+                            "the checkpoint where every process can read all of it (a shared file "
+                            "system), or resume with the number of processes that saved it."
+                          : ". Load a directory written completely by save_state().");
 
   // The checksums save_state recorded (none in checkpoints written before it recorded them).
   std::optional<Checksums> sums;
@@ -12595,8 +13220,18 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-    const std::string name = optimizer_file(reg, i, rank);
-    load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
+    if (!relayout) {
+      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
+      load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
+      continue;
+    }
+    std::vector<torch::serialize::InputArchive> saved(sources[i].size());
+    for (std::size_t r = 0; r < saved.size(); ++r) {
+      const auto name = sources[i][r].file.filename().string();
+      load_archive(saved[r], sources[i][r].file, expected(name), reg.state->device);
+      sources[i][r].archive = &saved[r];
+    }
+    s.optimizers[i] = relayout_optimizer(sources[i], reg.partitions[i].held, reg.state->device);
   }
   s.schedulers.resize(reg.schedulers.size());
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
@@ -12613,15 +13248,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     const std::string name = comm_hook_file(i, rank);
     load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
   }
-  {
+  if (has_own_files) {
     const fs::path f = dir / random_states_file(rank);
     torch::serialize::InputArchive rng;
     load_archive(rng, f, expected(random_states_file(rank)));
     s.generators = GeneratorStates::read(rng, f);
   }
   {
-    const fs::path f = dir / loaders_file(rank);
-    const auto j = read_json(f, expected(loaders_file(rank)));
+    const fs::path f = dir / loader_positions;
+    const auto j = read_json(f, expected(loader_positions));
     const auto list_j = j.find("loaders");
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
@@ -12630,6 +13265,26 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
       data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
       ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
                   "' holds a negative loader position. Save the checkpoint again.");
+      if (other_world && c.batches_yielded > 0) {
+        // The same samples, in whole steps of this run (the epoch's order
+        // does not depend on the number of processes).
+        const std::size_t index = s.loaders.size();
+        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
+        const auto step = reg.loaders[index].samples_per_step();
+        const auto samples = c.batches_yielded * saved_step;
+        ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                    " processes but this run has ", comm.size(), ", and it does not record how many "
+                    "samples a step of data loader ", index, " took (written by an older accel). "
+                    "Resume with ", saved_world, " processes.");
+        ACCEL_CHECK(samples % step == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+                    saved_world, " processes after ", c.batches_yielded, " steps of ", saved_step,
+                    " samples of data loader ", index, " in epoch ", c.epoch, " (", samples,
+                    " samples); this run takes ", step, " samples per step (", comm.size(),
+                    " processes), and ", samples, " samples are not a whole number of its steps, so "
+                    "the epoch cannot be continued exactly. Use a batch size with which ", samples,
+                    " samples are whole steps, or resume with ", saved_world, " processes.");
+        c.batches_yielded = samples / step;
+      }
       s.loaders.push_back(c);
     }
   }
@@ -12829,6 +13484,8 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
           {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
+          {"shards_optimizer_state", reg.shards_optimizer_state},
+          {"partitions", partitions_json(reg)},
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
@@ -12895,7 +13552,7 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
     }
   }
   if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
-  s.generators.apply();
+  if (s.generators) s.generators->apply();
   reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
   reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
@@ -13813,89 +14470,6 @@ class Trigger {
 
 #include <torch/torch.h>
 
-// begin <accel/shard/detail/bucket_plan.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::shard::detail::plan_buckets, how gradient sync groups
-/// parameters into flat buckets, and storage_alias, how a parameter or its
-/// gradient lives inside one.
-#ifndef ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-#define ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-
-#include <cstddef>
-#include <cstdint>
-#include <vector>
-
-#include <torch/torch.h>
-
-namespace accel::shard::detail {
-
-/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
-/// autograd view: LibTorch's zero_grad (detach_ + zero_), in-place
-/// accumulation, set_data and optimizers treat it as a leaf and keep it.
-inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  return torch::empty({0}, base.options().requires_grad(false))
-      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-}
-
-/// Which parameters share a bucket and where each one sits in it. Every
-/// reducer (Replicate's, ZeRO's) uses this one plan, so that the order of
-/// collectives, and the chunks a sharded optimizer checkpoints, follow one rule.
-struct BucketPlan {
-  struct Slot {
-    std::size_t bucket = 0;
-    int64_t offset = 0;          ///< first element of the parameter in its bucket
-    std::vector<int64_t> shape;  ///< the parameter's shape when it was planned
-  };
-  std::vector<std::vector<std::size_t>> buckets;  ///< parameter indices, in bucket order
-  std::vector<int64_t> numel;                     ///< elements of each bucket (unpadded)
-  std::vector<Slot> slots;                        ///< one per parameter
-
-  std::size_t size() const { return buckets.size(); }
-};
-
-/// Buckets hold parameters in reverse registration order (roughly the order
-/// backward produces their gradients); a new bucket starts when the next
-/// parameter would take it past bucket_bytes, or has another dtype, device or
-/// group (group_of: e.g. the optimizer's parameter group; empty: one group).
-inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
-                               const std::vector<int>& group_of = {}) {
-  const auto group = [&](std::size_t k) { return group_of.empty() ? 0 : group_of[k]; };
-  BucketPlan plan;
-  plan.slots.resize(params.size());
-  int64_t bytes = 0;
-  for (std::size_t k = params.size(); k-- > 0;) {
-    const auto& p = params[k];
-    bool start = plan.buckets.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
-    if (!start) {
-      const auto first = plan.buckets.back().front();
-      const auto& q = params[first];
-      start = q.scalar_type() != p.scalar_type() || q.device() != p.device() || group(first) != group(k);
-    }
-    if (start) {
-      plan.buckets.emplace_back();
-      plan.numel.push_back(0);
-      bytes = 0;
-    }
-    plan.slots[k] = BucketPlan::Slot{plan.buckets.size() - 1, plan.numel.back(), p.sizes().vec()};
-    plan.buckets.back().push_back(k);
-    plan.numel.back() += p.numel();
-    bytes += static_cast<int64_t>(p.nbytes());
-  }
-  return plan;
-}
-
-/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
-/// with each of its parameters' shapes: what a communication hook sees.
-inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
-  std::vector<torch::Tensor> views;
-  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
-  return views;
-}
-
-}  // namespace accel::shard::detail
-
-#endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-// end <accel/shard/detail/bucket_plan.hpp>
 // begin <accel/shard/detail/bucket_round.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::shard::detail::BucketRound, one step's gradient
@@ -14323,7 +14897,8 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 // begin <accel/shard/detail/zero_reducer.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::shard::detail::ZeroReducer: the gradient and parameter
-/// traffic of shard::ShardOptimizer (ZeRO-1) and shard::ShardGradients (ZeRO-2).
+/// traffic of shard::ShardOptimizer (ZeRO-1), shard::ShardGradients (ZeRO-2)
+/// and shard::ShardParameters (ZeRO-3).
 #ifndef ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
 #define ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
 
@@ -14336,6 +14911,62 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 
 #include <torch/torch.h>
 
+// begin <accel/shard/detail/parameter_units.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::ParameterUnits: which parameters each
+/// unit of a model computes with, the granularity at which
+/// shard::ShardParameters gathers them.
+#ifndef ACCEL_SHARD_DETAIL_PARAMETER_UNITS_HPP
+#define ACCEL_SHARD_DETAIL_PARAMETER_UNITS_HPP
+
+#include <cstddef>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+/// Unit u is the model's u-th child (one level: a Sequential's modules in
+/// order); parameters registered on the model itself form one more unit.
+struct ParameterUnits {
+  std::vector<std::vector<std::size_t>> uses;  ///< per unit: the trainable parameters it computes with
+  std::vector<int> owner;                      ///< per parameter: the first unit using it (its buckets' unit)
+};
+
+inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector<torch::Tensor>& trainable) {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t k = 0; k < trainable.size(); ++k) index[trainable[k].unsafeGetTensorImpl()] = k;
+  ParameterUnits units;
+  units.owner.assign(trainable.size(), -1);
+  const auto add = [&](std::size_t u, const std::vector<torch::Tensor>& params) {
+    if (units.uses.size() <= u) units.uses.resize(u + 1);
+    for (const auto& p : params) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen: every rank keeps it whole
+      units.uses[u].push_back(it->second);
+      if (units.owner[it->second] < 0) units.owner[it->second] = static_cast<int>(u);
+    }
+  };
+  const auto children = model.children();
+  for (std::size_t u = 0; u < children.size(); ++u) add(u, children[u]->parameters());
+  add(children.size(), model.parameters(/*recurse=*/false));
+  return units;
+}
+
+/// The key plan_buckets groups by: a bucket holds one optimizer group's
+/// parameters of one unit, so that a unit is gathered by whole buckets.
+inline std::vector<int> bucket_keys(const std::vector<int>& group_of, const ParameterUnits& units) {
+  std::vector<int> keys(group_of.size());
+  const auto n = static_cast<int>(units.uses.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) keys[k] = group_of[k] * n + units.owner[k];
+  return keys;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_PARAMETER_UNITS_HPP
+// end <accel/shard/detail/parameter_units.hpp>
 
 namespace accel::shard::detail {
 
@@ -14359,15 +14990,26 @@ namespace accel::shard::detail {
 /// transient memory is about two buckets plus the gradients of the bucket
 /// being filled. (On the non-sync micro-steps of accumulate() the full
 /// gradients accumulate locally, as without sharding.)
-class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
+/// ZeRO-3 (units given): as ZeRO-2, and a bucket holds one unit's parameters
+/// of one optimizer group. Each rank keeps its chunks in storage of their
+/// own; a bucket's flat storage is allocated and all-gathered only while its
+/// unit computes (ParameterGather), and freed when its unit's forward ends
+/// and when its gradients are handed to the reduce-scatter. The parameters
+/// keep pointing into the flat storage, so autograd's saved references to
+/// them see the values again once the unit is gathered for its backward.
+class ZeroReducer final : public GradientSync,
+                          public OptimizerPartition,
+                          public ParameterGather,
+                          private BucketReduction {
  public:
   /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
-  /// its reduce_scatter.
+  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients).
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
               int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
-              std::shared_ptr<comm::Hook> hook = nullptr)
+              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
+        rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
                std::move(hook)) {
@@ -14397,6 +15039,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   }
 
   void after_step(bool stepped) override {
+    if (units_) {  // the chunks are the parameters now; the next forward gathers them
+      release_all();
+      return;
+    }
     if (!stepped || world_ == 1) return;
     reattach_parameters();
     profiling::Span span("accel: all-gather updated parameters", "accel.comm");
@@ -14448,6 +15094,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
                   "training (in the same prepare() call).");
       build_layout(group_of);
     }
+    std::vector<std::vector<torch::Tensor>> listed;
+    for (auto& g : groups) listed.push_back(g.params());
+    whole_layout_ = parameter_layout(params_, plan_, group_of_, listed);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       std::vector<torch::Tensor> chunks;
       for (auto& b : buckets_)
@@ -14456,6 +15105,60 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     adopted_ = true;
   }
+
+  /// What the adopted optimizer holds (this rank's chunks), and what it
+  /// would hold unpartitioned (its parameters whole): for load_state.
+  PartitionLayout held_layout() const {
+    std::vector<int> group;
+    for (const auto& b : buckets_) group.push_back(b.group);
+    return chunk_layout(plan_.numel, std::move(group), whole_layout_.groups.size(), world_, rank_);
+  }
+  const PartitionLayout& whole_layout() const { return whole_layout_; }
+
+  // ZeRO-3 (ParameterGather).
+  ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
+  std::size_t num_units() const override { return unit_buckets_.size(); }
+  void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
+  void release_unit(std::size_t u) override {
+    for (auto b : unit_buckets_.at(u)) release(b);
+  }
+  void gather_for_backward(std::size_t u) override {
+    // Freed first (on the non-sync micro-steps of accumulate() nothing else
+    // frees them), so that at most one unit is whole.
+    const auto& mine = unit_buckets_.at(u);
+    for (std::size_t v = u + 1; v < unit_buckets_.size(); ++v)
+      for (auto b : unit_buckets_[v])
+        if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
+    make_whole(mine);
+  }
+  void gather_all() override {
+    std::vector<std::size_t> all(buckets_.size());
+    for (std::size_t b = 0; b < all.size(); ++b) all[b] = b;
+    make_whole(all);
+  }
+  void release_all() override {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
+  }
+  void keep_written_values() override {
+    if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
+    reattach_parameters();
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_)
+      if (b.whole) b.shard.detach().copy_(b.flat.narrow(0, rank_ * b.chunk, b.chunk));
+  }
+  /// Bytes of parameter storage this rank holds now (ZeRO-3: its chunks plus
+  /// the buckets gathered at the moment), and the most since the last reset;
+  /// for tests and the benchmark.
+  int64_t parameter_bytes() const {
+    int64_t n = 0;
+    for (const auto& b : buckets_) {
+      if (units_) n += static_cast<int64_t>(b.shard.nbytes());
+      if (b.whole) n += static_cast<int64_t>(b.flat.nbytes());
+    }
+    return n;
+  }
+  int64_t peak_parameter_bytes() const { return peak_parameter_bytes_; }
+  void reset_peak_parameter_bytes() { peak_parameter_bytes_ = parameter_bytes(); }
 
   bool owns(const torch::Tensor& p) const { return index_.count(p.unsafeGetTensorImpl()) > 0; }
   std::size_t num_params() const { return params_.size(); }
@@ -14493,12 +15196,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
+    bool whole = true;    ///< flat's storage holds the parameters (ZeRO-3: only while gathered)
   };
 
   void build_layout(const std::vector<int>& group_of) {
+    if (units_ && !buckets_.empty()) gather_all();  // the new buckets take the parameters' values
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    plan_ = plan_buckets(params_, bucket_bytes_, group_of);
+    plan_ = plan_buckets(params_, bucket_bytes_, units_ ? bucket_keys(group_of, *units_) : group_of);
     std::vector<Bucket> buckets;
     for (std::size_t i = 0; i < plan_.size(); ++i) {
       const auto& members = plan_.buckets[i];
@@ -14524,6 +15229,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
         }
       }
       b.shard = storage_alias(b.flat, rank_ * b.chunk, {b.chunk});
+      if (units_) b.shard = b.shard.clone();  // outlives the flat storage
       b.shard.set_requires_grad(true);
       b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
                                                 : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
@@ -14531,6 +15237,49 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     buckets_ = std::move(buckets);
     round_.set_plan(plan_);
+    unit_buckets_.clear();
+    if (units_)
+      for (const auto& uses : units_->uses) {
+        std::vector<std::size_t> bs;
+        for (auto k : uses) bs.push_back(plan_.slots[k].bucket);
+        std::sort(bs.begin(), bs.end());
+        bs.erase(std::unique(bs.begin(), bs.end()), bs.end());
+        unit_buckets_.push_back(std::move(bs));
+      }
+    reset_peak_parameter_bytes();
+  }
+
+  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
+  // all-gathers every rank's chunk into it.
+  void make_whole(const std::vector<std::size_t>& bs) {
+    std::vector<std::shared_ptr<runtime::Work>> works;
+    {
+      profiling::Span span("accel: all-gather parameters", "accel.comm");
+      torch::NoGradGuard no_grad;
+      for (auto i : bs) {
+        auto& b = buckets_[i];
+        if (b.whole) continue;
+        auto* storage = b.flat.storage().unsafeGetStorageImpl();
+        const auto bytes = b.flat.nbytes();
+        storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+        storage->set_nbytes(bytes);
+        b.whole = true;
+        works.push_back(comm_->all_gather(b.flat, b.shard.detach()));
+      }
+      for (auto& w : works) w->wait();
+    }
+    peak_parameter_bytes_ = std::max(peak_parameter_bytes_, parameter_bytes());
+  }
+
+  // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
+  // shapes, with no memory behind them until the next make_whole).
+  void release(std::size_t i) {
+    auto& b = buckets_[i];
+    if (!units_ || !b.whole) return;
+    auto* storage = b.flat.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, b.flat.device()));
+    storage->set_nbytes(0);
+    b.whole = false;
   }
 
   // Module::load (load_state) and user code may give a parameter new storage
@@ -14542,9 +15291,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       auto& p = params_[k];
       const auto& slot = plan_.slots[k];
       const auto& b = buckets_[slot.bucket];
-      auto* expected = static_cast<char*>(b.flat.data_ptr()) +
-                       slot.offset * static_cast<int64_t>(b.flat.element_size());
-      if (p.data_ptr() == expected && p.is_contiguous()) continue;
+      if (!b.whole) continue;  // ZeRO-3: written only while gathered
+      if (p.storage().unsafeGetStorageImpl() == b.flat.storage().unsafeGetStorageImpl() &&
+          p.storage_offset() == b.flat.storage_offset() + slot.offset && p.is_contiguous())
+        continue;
       // A parameter of another shape would overwrite its neighbours in the bucket.
       ACCEL_CHECK(p.sizes().vec() == slot.shape,
                   "accel: parameter ", k, " of a sharded model changed its shape from ",
@@ -14600,6 +15350,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
+    release(index);  // ZeRO-3: backward has used these parameters for the last time this step
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
     return round_.hook().reduce_scatter(b.received, bucket, *comm_);
@@ -14622,12 +15373,16 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   std::shared_ptr<runtime::Communicator> comm_;
   int64_t bucket_bytes_;
   bool shard_gradients_;
+  std::optional<ParameterUnits> units_;             ///< ZeRO-3
+  std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
+  int64_t peak_parameter_bytes_ = 0;
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
   std::vector<Bucket> buckets_;
   bool adopted_ = false;
+  PartitionLayout whole_layout_;  ///< set by adopt()
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
@@ -14650,7 +15405,7 @@ inline std::shared_ptr<ZeroReducer> find_zero_reducer(const ZeroReducers& sharde
 
 /// Rebinds `opt` to the partitions of the prepared model that owns its
 /// parameters; the returned partition gathers updates and zeroes gradients.
-inline std::shared_ptr<OptimizerPartition> bind_optimizer(const ZeroReducers& sharded,
+inline std::shared_ptr<ZeroReducer> bind_optimizer(const ZeroReducers& sharded,
                                                           torch::optim::Optimizer& opt) {
   std::shared_ptr<ZeroReducer> owner;
   for (auto& g : opt.param_groups())
@@ -15663,6 +16418,9 @@ class Accelerator {
   [[nodiscard]] ops::Join join_uneven_inputs(PreparedModel<M>&... models) {
     static_assert(sizeof...(M) > 0, "accel: join_uneven_inputs() needs the prepared models whose "
                                     "gradients are synchronised in the loop it guards.");
+    static_assert(!shards_parameters_v<Shard>, "accel: join_uneven_inputs() does not support "
+                  "shard::ShardParameters (a rank out of data cannot repeat the parameter all-gathers "
+                  "of the others' forward). Use shard::ShardGradients, or even_batches.");
     return ops::Join(state_, {detail::JoinState::Model{&models.gradient_sync(), [&models](bool buffers, bool reduce) { models.join_shadow(buffers, reduce); }}...});
   }
   /// Calls fn(batch_size) from starting_batch_size down (x0.9 after an
@@ -15733,6 +16491,10 @@ class Accelerator {
     std::cout << std::endl;
   }
 
+  /// The user's module. Under shard::ShardParameters its trainable
+  /// parameters have no values outside the prepared model's forward and
+  /// backward (each rank holds only its partition): read them through
+  /// save_model() or save_state().
   template <class M>
   M& unwrap_model(PreparedModel<M>& model) {
     return model.module();
@@ -15745,7 +16507,9 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
+    with_whole_parameters(false, [&] {
+      if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
+    });
     wait_for_everyone();
   }
 
@@ -15771,7 +16535,7 @@ class Accelerator {
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: save_state", "accel.checkpoint");
     sync_registry();
-    ckpt::save_state(registry_, options_, std::move(dir));
+    with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
@@ -15779,7 +16543,7 @@ class Accelerator {
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: load_state", "accel.checkpoint");
     sync_registry();
-    ckpt::load_state(registry_, options_, std::move(dir));
+    with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
   /// Resumes from the newest complete checkpoint under project_dir/checkpoints
@@ -15791,7 +16555,7 @@ class Accelerator {
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
     sync_registry();
-    return ckpt::load_latest_state(registry_, options_);
+    return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
@@ -15873,9 +16637,16 @@ class Accelerator {
       auto opt = detail::share(std::forward<A>(a));
       registry_.add_optimizer(opt);
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
-      if constexpr (Shard::shards_optimizer_state)  // steps this rank's partition only
-        if (state_->comm->size() > 1)
-          prepared.set_partition(shard::detail::bind_optimizer(state_->sharded, *opt));
+      if constexpr (Shard::shards_optimizer_state) {  // steps this rank's partition only
+        if (state_->comm->size() > 1) {
+          auto zero = shard::detail::bind_optimizer(state_->sharded, *opt);
+          registry_.partitions.push_back({zero->held_layout(), zero->whole_layout()});
+          prepared.set_partition(std::move(zero));
+        } else {
+          auto whole = unpartitioned_layout(*opt);
+          registry_.partitions.push_back({whole, whole});
+        }
+      }
       return prepared;
     } else if constexpr (kind == PrepareKind::DataLoader) {
       return prepare_loader(T(std::forward<A>(a)));
@@ -15886,6 +16657,27 @@ class Accelerator {
       registry_.add_scheduler(std::move(sched), prepared.seen_steps());
       return prepared;
     }
+  }
+
+  // On one process a shard policy partitions nothing; load_state still needs
+  // the buckets the optimizer's parameters would have on several (none when
+  // its parameters are not exactly one prepared model's trainable ones).
+  shard::detail::PartitionLayout unpartitioned_layout(torch::optim::Optimizer& opt) const {
+    std::vector<std::vector<torch::Tensor>> listed;
+    for (auto& g : opt.param_groups()) listed.push_back(g.params());
+    const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    for (const auto& model : registry_.models) {
+      std::vector<torch::Tensor> trainable;
+      for (auto& p : model->parameters())
+        if (p.requires_grad()) trainable.push_back(p);
+      const auto group_of = shard::detail::groups_of(trainable, listed);
+      if (std::find(group_of.begin(), group_of.end(), -1) != group_of.end() || trainable.empty()) continue;
+      auto keys = group_of;
+      if constexpr (shards_parameters_v<Shard>) keys = shard::detail::bucket_keys(group_of, shard::detail::units_of(*model, trainable));
+      const auto plan = shard::detail::plan_buckets(trainable, bucket_bytes, keys);
+      return shard::detail::parameter_layout(trainable, plan, group_of, listed);
+    }
+    return {};  // not one model's trainable parameters: load_state cannot re-partition it
   }
 
   template <class M>
@@ -15902,9 +16694,11 @@ class Accelerator {
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
+        std::optional<shard::detail::ParameterUnits> units;
+        if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook());
+            make_comm_hook(), std::move(units));
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
@@ -16020,9 +16814,41 @@ class Accelerator {
   comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
+  // ShardParameters: every rank makes its models' parameters whole while a
+  // checkpoint is written or read (a collective), and frees them afterwards;
+  // what a load wrote into them becomes each rank's partition.
+  template <class F>
+  decltype(auto) with_whole_parameters(bool loads, F&& fn) {
+    if constexpr (!shards_parameters_v<Shard>) {
+      return fn();
+    } else {
+      std::vector<shard::detail::ParameterGather*> gathers;
+      for (const auto& z : state_->sharded)
+        if (auto* g = z->parameter_gather()) gathers.push_back(g);
+      struct Release {
+        std::vector<shard::detail::ParameterGather*>& gathers;
+        ~Release() {
+          for (auto* g : gathers) g->release_all();
+        }
+      } release{gathers};
+      for (auto* g : gathers) g->gather_all();
+      if constexpr (std::is_void_v<decltype(fn())>) {
+        fn();
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+      } else {
+        auto result = fn();
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+        return result;
+      }
+    }
+  }
+
   void sync_registry() {
     registry_.state = state_;
     registry_.scaler = scaler_;
+    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
     registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
     registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
@@ -16060,7 +16886,8 @@ namespace accel {
 
 /// The three policy names picked at run time. Names: backend "single" | "gloo"
 /// | "mpi" | "nccl"; precision "no" | "fp16" | "bf16" (Accelerate's
-/// mixed_precision values); shard "replicate" | "shard_optimizer" | "shard_gradients".
+/// mixed_precision values); shard "replicate" | "shard_optimizer" | "shard_gradients" |
+/// "shard_parameters".
 struct PolicyChoice {
   std::string backend = "single";
   std::string precision = "no";
@@ -16119,7 +16946,8 @@ using compiled_backends = std::tuple<backend::SingleDevice, backend::Gloo
 #endif
                                      >;
 using all_precisions = std::tuple<precision::Fp32, precision::Fp16, precision::Bf16>;
-using all_shards = std::tuple<shard::Replicate, shard::ShardOptimizer, shard::ShardGradients>;
+using all_shards =
+    std::tuple<shard::Replicate, shard::ShardOptimizer, shard::ShardGradients, shard::ShardParameters>;
 
 /// Calls `fn(accelerator)` with an Accelerator<B, P, S>& whose policy names
 /// equal `choice`, among the combinations of Backends x Precisions x Shards

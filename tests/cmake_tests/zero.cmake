@@ -1,4 +1,4 @@
-# ZeRO-1/2 against Replicate on workload W (~10M parameters, 2 Gloo processes
+# ZeRO-1/2/3 against Replicate on workload W (~10M parameters, 2 Gloo processes
 # forked by accel's launcher): slower than the rest of unit.parallel, so a
 # ctest of its own.
 if(TARGET unit_parallel)

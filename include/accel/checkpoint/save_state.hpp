@@ -138,6 +138,8 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
           {"optimizers", reg.optimizers.size()},
           {"optimizer_per_rank", reg.optimizer_per_rank},
           {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
+          {"shards_optimizer_state", reg.shards_optimizer_state},
+          {"partitions", partitions_json(reg)},
           {"schedulers", reg.schedulers.size()},
           {"loaders", reg.loaders.size()},
           {"custom_objects", reg.custom.size()},
@@ -204,7 +206,7 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
     }
   }
   if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
-  s.generators.apply();
+  if (s.generators) s.generators->apply();
   reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
   reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;

@@ -12,6 +12,7 @@
 #include <accel/detail/training_state.hpp>
 #include <accel/precision/loss_scaler.hpp>
 #include <accel/prepared/model.hpp>
+#include <accel/shard/detail/partition_layout.hpp>
 
 #include <torch/torch.h>
 
@@ -198,6 +199,9 @@ struct StateRegistry {
   struct Loader {
     std::function<data::LoaderCheckpoint()> position;
     std::function<void(const data::LoaderCheckpoint&)> restore;
+    /// Samples one batch of every process takes together: a position saved
+    /// by another number of processes is mapped through it.
+    std::function<int64_t()> samples_per_step;
   };
 
   std::vector<std::shared_ptr<torch::nn::Module>> models;
@@ -209,8 +213,17 @@ struct StateRegistry {
   std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
   std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
   int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
-  bool optimizer_per_rank = false;   ///< shard policies that partition optimizer state
+  bool shards_optimizer_state = false;  ///< the shard policy partitions optimizer state
+  bool optimizer_per_rank = false;   ///< ... and there are several processes to partition it over
   double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
+  /// Under such a policy, per optimizer: what this process's optimizer steps
+  /// (its chunks, or its parameters whole on one process) and what it would
+  /// step on one process; load_state re-partitions state saved by another
+  /// number of processes with them.
+  struct Partition {
+    shard::detail::PartitionLayout held, whole;
+  };
+  std::vector<Partition> partitions;
   StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
   /// During one save_state()/load_state(): the models its pre-hooks took
   /// out of accel's hands (their files are not written / not read).
@@ -248,7 +261,8 @@ struct StateRegistry {
   void add_loader(const L& loader) {
     auto shared = std::make_shared<L>(loader);
     loaders.push_back({[shared] { return shared->checkpoint(); },
-                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); }});
+                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); },
+                       [shared] { return shared->total_batch_size(); }});
   }
 
   template <Checkpointable T>

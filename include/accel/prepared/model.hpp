@@ -6,6 +6,7 @@
 #define ACCEL_PREPARED_MODEL_HPP
 
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <accel/detail/training_state.hpp>
+#include <accel/errors.hpp>
 #include <accel/precision/autocast.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
 
@@ -77,6 +79,23 @@ T outputs_to_fp32(T&& out) {
   }
 }
 
+/// Whether autograd may run backward through out (ShardParameters keeps a
+/// model's parameters gathered until then); unknown types: assume so.
+template <class T>
+bool may_need_backward(const T& out) {
+  if constexpr (std::is_same_v<T, torch::Tensor>) {
+    return out.defined() && out.requires_grad();
+  } else if constexpr (requires { std::tuple_size<T>::value; }) {
+    return std::apply([](const auto&... e) { return (may_need_backward(e) || ... || false); }, out);
+  } else if constexpr (std::is_same_v<T, std::vector<torch::Tensor>>) {
+    for (const auto& e : out)
+      if (may_need_backward(e)) return true;
+    return false;
+  } else {
+    return true;
+  }
+}
+
 }  // namespace detail
 
 template <class M>
@@ -108,11 +127,11 @@ class PreparedModel {
     if (buffers) broadcast_buffers();
     precision::AutocastGuard guard(state_->device.type(), autocast_dtype_, autocast_);
     if constexpr (std::is_void_v<decltype(get()->forward(std::forward<A>(args)...))>) {
-      get()->forward(std::forward<A>(args)...);
+      module_forward(std::forward<A>(args)...);
     } else if (autocast_) {
-      return detail::outputs_to_fp32(get()->forward(std::forward<A>(args)...));
+      return detail::outputs_to_fp32(module_forward(std::forward<A>(args)...));
     } else {
-      return get()->forward(std::forward<A>(args)...);
+      return module_forward(std::forward<A>(args)...);
     }
   }
 
@@ -133,6 +152,60 @@ class PreparedModel {
   }
 
  private:
+  template <class... A>
+  auto module_forward(A&&... args) -> decltype(get()->forward(std::forward<A>(args)...)) {
+    if (auto* gather = sync_->parameter_gather()) return gathered_forward(*gather, std::forward<A>(args)...);
+    return get()->forward(std::forward<A>(args)...);
+  }
+
+  // shard::ShardParameters: a Sequential runs module by module, each one's
+  // parameters gathered just for its forward and again, from a hook on its
+  // output's gradient, for its backward. Any other model is gathered whole;
+  // when its output carries gradients the parameters stay until backward
+  // hands each bucket's gradients to the reduce-scatter.
+  template <class... A>
+  auto gathered_forward(shard::detail::ParameterGather& gather, A&&... args)
+      -> decltype(get()->forward(std::forward<A>(args)...)) {
+    using R = decltype(get()->forward(std::forward<A>(args)...));
+    if constexpr (std::is_same_v<module_type, torch::nn::SequentialImpl> && std::is_same_v<R, torch::Tensor>) {
+      return forward_by_unit(gather, std::forward<A>(args)...);
+    } else {
+      gather.gather_all();
+      if constexpr (std::is_void_v<R>) {
+        get()->forward(std::forward<A>(args)...);
+        if (!torch::GradMode::is_enabled()) gather.release_all();
+      } else {
+        R out = get()->forward(std::forward<A>(args)...);
+        if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
+        return out;
+      }
+    }
+  }
+
+  template <class... A>
+  torch::Tensor forward_by_unit(shard::detail::ParameterGather& gather, A&&... args) {
+    auto& seq = *get();
+    ACCEL_CHECK(!seq.is_empty(), "accel: forward of an empty torch::nn::Sequential.");
+    const bool grad = torch::GradMode::is_enabled();
+    std::weak_ptr<shard::detail::GradientSync> sync = sync_;
+    std::optional<torch::nn::AnyValue> value;
+    std::size_t u = 0;
+    for (auto it = seq.begin(); it != seq.end(); ++it, ++u) {
+      gather.gather_unit(u);
+      if (u == 0)
+        value.emplace(it->any_forward(std::forward<A>(args)...));
+      else
+        value.emplace(it->any_forward(std::move(*value)));
+      if (auto* out = value->template try_get<torch::Tensor>(); grad && out && out->requires_grad())
+        out->register_hook([sync, u](const torch::Tensor&) {
+          if (auto s = sync.lock())
+            if (auto* g = s->parameter_gather()) g->gather_for_backward(u);
+        });
+      gather.release_unit(u);
+    }
+    return value->template get<torch::Tensor>();
+  }
+
   // Buffers (BatchNorm statistics) follow rank 0 before each training forward,
   // as DDP's broadcast_buffers does, so every replica computes the same thing.
   void broadcast_buffers() {

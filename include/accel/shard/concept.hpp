@@ -13,12 +13,20 @@ namespace accel {
 ///   static constexpr std::string_view name;
 ///   static constexpr bool shards_optimizer_state;  // ZeRO-1
 ///   static constexpr bool shards_gradients;        // ZeRO-2
+///   static constexpr bool shards_parameters;       // ZeRO-3 (optional: false when absent)
 template <class S>
 concept ShardPolicy = requires {
   { S::name } -> std::convertible_to<std::string_view>;
   { S::shards_optimizer_state } -> std::convertible_to<bool>;
   { S::shards_gradients } -> std::convertible_to<bool>;
 };
+
+/// Whether S partitions the parameters themselves (ZeRO-3).
+template <class S>
+inline constexpr bool shards_parameters_v = [] {
+  if constexpr (requires { S::shards_parameters; }) return static_cast<bool>(S::shards_parameters);
+  else return false;
+}();
 
 template <class S>
 struct is_shard_policy : std::bool_constant<ShardPolicy<S>> {};
@@ -29,7 +37,7 @@ template <class S>
 struct check_shard_policy {
   static_assert(is_shard_policy_v<S>,
                 "accel: the Shard parameter of Accelerator is not a shard policy. Use "
-                "accel::shard::Replicate, ShardOptimizer or ShardGradients.");
+                "accel::shard::Replicate, ShardOptimizer, ShardGradients or ShardParameters.");
   static constexpr bool value = is_shard_policy_v<S>;
 };
 

@@ -1,6 +1,7 @@
-// ZeRO stages 1 and 2 (shard::ShardOptimizer, shard::ShardGradients) train
-// exactly as data parallel (shard::Replicate) does, while each rank holds 1/N
-// of the optimizer state (and, for stage 2, of the gradients).
+// ZeRO stages 1, 2 and 3 (shard::ShardOptimizer, ShardGradients,
+// ShardParameters) train exactly as data parallel (shard::Replicate) does,
+// while each rank holds 1/N of the optimizer state (stage 2: and of the
+// gradients; stage 3: and of the parameters, plus one unit while it computes).
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
@@ -10,6 +11,7 @@
 #include "catch.hpp"
 
 #include "paths.hpp"
+#include "whole_parameters.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -50,9 +52,14 @@ int64_t adam_state_bytes(torch::optim::Optimizer& opt) {
   return n;
 }
 
+accel::shard::detail::ZeroReducer* zero_of(auto& prepared) {
+  return dynamic_cast<accel::shard::detail::ZeroReducer*>(&prepared.gradient_sync());
+}
+
 /// W (or the small MLP) with Adam under Shard; rank r writes its final
-/// parameters, then [state bytes, gradient bytes, clip norms...] to out_r.pt,
-/// and save_model() writes out_model/.
+/// parameters, then [state bytes, gradient bytes, parameter bytes between
+/// steps, peak parameter bytes after step 1, clip norms...] to out_r.pt, and
+/// save_model() writes out_model/.
 template <class Shard, class Precision>
 void train(std::string out, Run run) {
   accel::Accelerator<accel::backend::Gloo, Precision, Shard> acc(accel::AcceleratorOptions{
@@ -82,6 +89,20 @@ void train(std::string out, Run run) {
     if (run.clip > 0 && acc.sync_gradients()) norms.push_back(acc.clip_grad_norm_(m, run.clip));
     opt.step();
     opt.zero_grad();
+    if (auto* z = zero_of(m); z && step == 1) z->reset_peak_parameter_bytes();  // past prepare()'s whole model
+  }
+  double param_bytes = 0, peak_param_bytes = 0;
+  if (auto* z = zero_of(m)) {
+    param_bytes = static_cast<double>(z->parameter_bytes());
+    peak_param_bytes = static_cast<double>(z->peak_parameter_bytes());
+  }
+  double eval_loss = 0;
+  {  // evaluation: ShardParameters gathers each unit for forward only
+    m->eval();
+    torch::NoGradGuard no_grad;
+    const auto data = workload::make_data(64);
+    eval_loss = torch::cross_entropy_loss(m(data.x), data.y).template item<double>();
+    m->train();
   }
   acc.save_model(m, out + "_model");
   // Gradients held between steps: after a backward whose step has not run.
@@ -95,9 +116,10 @@ void train(std::string out, Run run) {
   else
     for (auto& p : model->parameters()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
 
-  std::vector<torch::Tensor> saved;
-  for (auto& p : model->parameters()) saved.push_back(p.detach().clone());
-  std::vector<double> stats{static_cast<double>(adam_state_bytes(*opt)), static_cast<double>(grad_bytes)};
+  // ShardParameters: what save_model() above gathered (the same file).
+  auto saved = accel_test::whole_parameters(acc, m, out + "_model");
+  std::vector<double> stats{static_cast<double>(adam_state_bytes(*opt)), static_cast<double>(grad_bytes),
+                            param_bytes, peak_param_bytes, eval_loss};
   stats.insert(stats.end(), norms.begin(), norms.end());
   saved.push_back(torch::tensor(stats, torch::kDouble));
   torch::save(saved, out + "_" + std::to_string(acc.process_index()) + ".pt");
@@ -105,7 +127,7 @@ void train(std::string out, Run run) {
 
 struct Result {
   std::vector<torch::Tensor> params;
-  double state_bytes = 0, grad_bytes = 0;
+  double state_bytes = 0, grad_bytes = 0, param_bytes = 0, peak_param_bytes = 0, eval_loss = 0;
   std::vector<double> norms;
   std::vector<torch::Tensor> saved_model;  ///< what save_model() wrote (rank 0's result only)
 };
@@ -119,7 +141,10 @@ Result load(const std::string& out, int rank) {
   r.params = std::move(v);
   r.state_bytes = stats[0].item<double>();
   r.grad_bytes = stats[1].item<double>();
-  for (int64_t i = 2; i < stats.numel(); ++i) r.norms.push_back(stats[i].item<double>());
+  r.param_bytes = stats[2].item<double>();
+  r.peak_param_bytes = stats[3].item<double>();
+  r.eval_loss = stats[4].item<double>();
+  for (int64_t i = 5; i < stats.numel(); ++i) r.norms.push_back(stats[i].item<double>());
   return r;
 }
 
@@ -155,23 +180,33 @@ void compare(int world, Run run, const std::string& tag) {
   auto reference = launch<Replicate, Precision>(tag + "_replicate", world, run);
   auto zero1 = launch<ShardOptimizer, Precision>(tag + "_zero1", world, run);
   auto zero2 = launch<ShardGradients, Precision>(tag + "_zero2", world, run);
+  auto zero3 = launch<ShardParameters, Precision>(tag + "_zero3", world, run);
   for (const auto* zero : {&zero1, &zero2}) {
     REQUIRE((*zero)[0].saved_model.size() == reference[0].params.size());
     CHECK(workload::max_abs_diff((*zero)[0].saved_model, (*zero)[0].params) == 0);
   }
+  REQUIRE(zero3[0].params.size() == reference[0].params.size());  // read from its save_model()
   const double full = static_cast<double>(param_bytes(reference[0]));
+  // The models are Sequentials of Linear layers: unit i holds parameters 2i, 2i+1.
+  double largest_unit = 0;
+  for (std::size_t i = 0; i + 1 < reference[0].params.size(); i += 2)
+    largest_unit = std::max(largest_unit, static_cast<double>(reference[0].params[i].nbytes() +
+                                                              reference[0].params[i + 1].nbytes()));
+  const double padding = 4.0 * world * 8;  // at most world - 1 floats in each of at most 8 buckets
   for (int r = 0; r < world; ++r) {
     INFO("world " << world << ", rank " << r);
     // Replicate: Adam keeps 2 values per parameter on every rank.
     CHECK(reference[r].state_bytes == Approx(2 * full));
     CHECK(reference[r].grad_bytes == Approx(full));
-    for (const auto* zero : {&zero1, &zero2}) {
+    for (const auto* zero : {&zero1, &zero2, &zero3}) {
       const auto& z = (*zero)[r];
       double diff = workload::max_abs_diff(z.params, reference[0].params);
-      INFO((zero == &zero1 ? "ShardOptimizer" : "ShardGradients")
+      INFO((zero == &zero1 ? "ShardOptimizer" : zero == &zero2 ? "ShardGradients" : "ShardParameters")
            << " max |sharded - Replicate| = " << diff << ", state bytes " << z.state_bytes
            << " vs " << reference[r].state_bytes << ", gradient bytes " << z.grad_bytes);
       CHECK(diff <= 1e-5);
+      // Bf16 rounds the forward of weights that differ in the last bits.
+      CHECK(z.eval_loss == Approx(reference[r].eval_loss).epsilon(std::is_same_v<Precision, accel::precision::Fp32> ? 1e-5 : 1e-2));
       // 1/N of Replicate's, plus at most the padding of each bucket.
       CHECK(z.state_bytes >= 2 * full / world);
       CHECK(z.state_bytes <= 2 * full / world + 2 * 4 * world * 8);
@@ -181,22 +216,35 @@ void compare(int world, Run run, const std::string& tag) {
     }
     CHECK(zero1[r].grad_bytes >= full);  // ZeRO-1 keeps the full (padded) gradients
     CHECK(zero1[r].grad_bytes <= full + 4 * world * 8);
-    CHECK(zero2[r].grad_bytes >= full / world);
-    CHECK(zero2[r].grad_bytes <= full / world + 4 * world * 8);
+    for (const auto* zero : {&zero2, &zero3}) {
+      CHECK((*zero)[r].grad_bytes >= full / world);
+      CHECK((*zero)[r].grad_bytes <= full / world + padding);
+    }
+    // ZeRO-1/2 hold the whole (padded) parameters; ZeRO-3 its chunks between
+    // steps, and at most one unit more while computing.
+    CHECK(zero2[r].param_bytes >= full);
+    CHECK(zero2[r].param_bytes <= full + padding);
+    INFO("ShardParameters: parameter bytes " << zero3[r].param_bytes << " between steps, peak "
+         << zero3[r].peak_param_bytes << "; whole model " << full << ", largest unit " << largest_unit);
+    CHECK(zero3[r].param_bytes >= full / world);
+    CHECK(zero3[r].param_bytes <= full / world + padding);
+    CHECK(zero3[r].peak_param_bytes >= full / world + largest_unit);
+    CHECK(zero3[r].peak_param_bytes <= (full / world + largest_unit + padding) * 1.05);
+    if (full / world + largest_unit + padding < full) CHECK(zero3[r].peak_param_bytes < full);
   }
 }
 
 }  // namespace
 
 // W is ~10M parameters: its own ctest (tests/cmake_tests/zero.cmake), not part of unit.parallel.
-TEST_CASE("ShardOptimizer and ShardGradients on 2 processes equal Replicate (W, Adam)",
+TEST_CASE("ZeRO-1, 2 and 3 on 2 processes equal Replicate (W, Adam)",
           "[.zero_w][parallel][gloo]") {
   Run run;
   run.bucket_mb = 8;  // several buckets of W, each padded
   compare(2, run, "zero_w2");
 }
 
-TEST_CASE("ShardOptimizer and ShardGradients on 3 processes equal Replicate", "[parallel][gloo][zero]") {
+TEST_CASE("ZeRO-1, 2 and 3 on 3 processes equal Replicate", "[parallel][gloo][zero]") {
   Run run;
   run.small = true;
   run.per_rank_batch = 21;
@@ -204,7 +252,7 @@ TEST_CASE("ShardOptimizer and ShardGradients on 3 processes equal Replicate", "[
   compare(3, run, "zero_s3");
 }
 
-TEST_CASE("ShardOptimizer and ShardGradients on 2 processes equal Replicate under Bf16",
+TEST_CASE("ZeRO-1, 2 and 3 on 2 processes equal Replicate under Bf16",
           "[parallel][gloo][zero][bf16]") {
   Run run;
   run.small = true;

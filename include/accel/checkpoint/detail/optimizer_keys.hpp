@@ -32,32 +32,51 @@ inline std::string decimal_address(const std::string& hex_key) {
   return std::to_string(std::stoull(hex_key, nullptr, 16));
 }
 
+/// One value of an archive as LibTorch stored it: a tensor registered as a
+/// parameter or a buffer, or any other value (an attribute).
+struct ArchiveValue {
+  enum class Kind { parameter, buffer, attribute };
+  c10::IValue value;
+  Kind kind = Kind::attribute;
+};
+
+/// `key` of `in`, which must not be a sub-archive.
+inline ArchiveValue read_value(torch::serialize::InputArchive& in, const std::string& key) {
+  torch::Tensor t;
+  if (in.try_read(key, t, /*is_buffer=*/false)) return {t, ArchiveValue::Kind::parameter};
+  if (in.try_read(key, t, /*is_buffer=*/true)) return {t, ArchiveValue::Kind::buffer};
+  c10::IValue v;
+  in.read(key, v);
+  return {std::move(v), ArchiveValue::Kind::attribute};
+}
+
+inline void write_value(torch::serialize::OutputArchive& out, const std::string& key, const ArchiveValue& v) {
+  if (v.kind == ArchiveValue::Kind::attribute)
+    out.write(key, v.value);
+  else
+    out.write(key, v.value.toTensor(), /*is_buffer=*/v.kind == ArchiveValue::Kind::buffer);
+}
+
 /// Copies an archive key by key (sub-archives, parameters, buffers, other
-/// values), with hex addresses rewritten in decimal where they name states:
-/// keys directly under "state" and string values under "params".
-inline void copy_with_decimal_addresses(torch::serialize::InputArchive& in,
-                                        torch::serialize::OutputArchive& out,
-                                        const std::string& parent = "") {
+/// values). With decimal_addresses, hex addresses are rewritten in decimal
+/// where they name optimizer states: keys directly under "state" and string
+/// values under "params".
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses = false, const std::string& parent = "") {
   for (const std::string& key : in.keys()) {
     torch::serialize::InputArchive sub;
     if (in.try_read(key, sub)) {
       torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_with_decimal_addresses(sub, copy, key);
-      out.write(parent == "state" && is_hex_address(key) ? decimal_address(key) : key, copy);
+      copy_archive(sub, copy, decimal_addresses, key);
+      const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
+      out.write(rename ? decimal_address(key) : key, copy);
       continue;
     }
-    torch::Tensor t;
-    if (in.try_read(key, t, /*is_buffer=*/false)) {
-      out.write(key, t, /*is_buffer=*/false);
-    } else if (in.try_read(key, t, /*is_buffer=*/true)) {
-      out.write(key, t, /*is_buffer=*/true);
-    } else {
-      c10::IValue v;
-      in.read(key, v);
-      if (v.isString() && key.rfind("params/", 0) == 0 && is_hex_address(v.toStringRef()))
-        v = c10::IValue(decimal_address(v.toStringRef()));
-      out.write(key, v);
-    }
+    auto v = read_value(in, key);
+    if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
+        is_hex_address(v.value.toStringRef()))
+      v.value = c10::IValue(decimal_address(v.value.toStringRef()));
+    write_value(out, key, v);
   }
 }
 
@@ -76,7 +95,7 @@ void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
 #if ACCEL_TORCH_AT_LEAST(2, 0)
   if (has_hex_state_keys(in)) {
     torch::serialize::OutputArchive rewritten;
-    copy_with_decimal_addresses(in, rewritten);
+    copy_archive(in, rewritten, /*decimal_addresses=*/true);
     std::stringstream bytes;
     rewritten.save_to(bytes);
     torch::serialize::InputArchive converted;

@@ -102,10 +102,12 @@ inline fs::path normal_dir(const fs::path& dir) {
   return p;
 }
 
+inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
+  return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
+                  : indexed_name("optimizer", i, ".pt");
+}
 inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
-  return reg.optimizer_per_rank
-             ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
-             : indexed_name("optimizer", i, ".pt");
+  return optimizer_file(i, rank, reg.optimizer_per_rank);
 }
 
 inline std::string random_states_file(int rank) {
@@ -209,7 +211,8 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
-    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded}});
+    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
+                       {"samples_per_step", l.samples_per_step()}});
   }
   sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
   return sums;
@@ -238,6 +241,23 @@ inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
       mine[names[static_cast<std::size_t>(j)]] = std::bit_cast<std::uint64_t>(table[r][j].item<int64_t>());
   }
   return mine;
+}
+
+/// The buckets each optimizer's partitions follow (shard policies that
+/// partition optimizer state; null where they are not known), so that
+/// another number of processes can re-partition the state.
+inline nlohmann::json partitions_json(const StateRegistry& reg) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : reg.partitions) {
+    if (p.whole.groups.empty()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back({{"bucket_numel", p.whole.bucket_numel},
+                   {"bucket_group", p.whole.bucket_group},
+                   {"groups", p.whole.groups.size()}});
+  }
+  return out;
 }
 
 inline nlohmann::json checksums_json(const Checksums& sums) {

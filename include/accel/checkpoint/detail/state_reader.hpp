@@ -4,6 +4,7 @@
 #ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 #define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
 
+#include <accel/checkpoint/detail/optimizer_relayout.hpp>
 #include <accel/checkpoint/detail/state_layout.hpp>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ struct ReadState {
   nlohmann::json meta;
   std::vector<NamedTensors> models;
   std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
-  GeneratorStates generators;
+  std::optional<GeneratorStates> generators;  ///< none: a process the saving run did not have
   std::vector<data::LoaderCheckpoint> loaders;
   std::optional<std::pair<double, int64_t>> scaler;
 };
@@ -52,11 +53,10 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
               "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
               s.meta["format_version"].dump(), "). Load it with that version.");
-  const auto world = json_field<int64_t>(s.meta, "world_size", state_file);
-  ACCEL_CHECK(world == comm.size(), "accel: the checkpoint '", dir.string(), "' was saved by ",
-              world, " processes but this run has ", comm.size(),
-              "; its random states and data loader positions are per process and cannot be "
-              "mapped onto another world size. Resume with ", world, " processes.");
+  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
+  const bool other_world = saved_world != comm.size();
+  ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
+              " processes. Load a directory written by save_state().");
   check_count(s.meta, "models", reg.models.size(), "models", state_file);
   check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
   check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
@@ -69,15 +69,24 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
               "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
               "this Accelerator's prepared models have ", hooks, ". Resume with the same "
               "AcceleratorOptions::comm_hook as the run that saved it.");
+  ACCEL_CHECK(!other_world || hooks == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+              saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
+              "feedback and Q matrices are per process and cannot be mapped onto another number of "
+              "processes. Resume with ", saved_world, " processes.");
   ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
               "Accelerator runs ", reg.scaler ? "with" : "without",
               " one. Resume with the same precision policy.");
-  ACCEL_CHECK(json_field<bool>(s.meta, "optimizer_per_rank", state_file) == reg.optimizer_per_rank,
+  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
+  // Checkpoints from before re-partitioning record only whether the state was per process.
+  const bool saved_shards = s.meta.contains("shards_optimizer_state")
+                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
+                                : saved_per_rank;
+  ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
-  if (reg.optimizer_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
     // Each rank's optimizer file holds its chunks of the gradient buckets.
     const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
     ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
@@ -86,10 +95,61 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                 ", which splits the parameters differently. Resume with "
                 "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
   }
+  // Another number of processes: the optimizer files whose state each
+  // optimizer is cut from now (all processes' files), with their layouts.
+  const bool relayout = other_world && reg.shards_optimizer_state;
+  std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
+  if (relayout) {
+    const auto saved = s.meta.find("partitions");
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
+                         (*saved)[i].is_object() && i < reg.partitions.size() &&
+                         !reg.partitions[i].whole.groups.empty();
+      ACCEL_CHECK(known, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                  " processes but this run has ", comm.size(), ", and it records no buckets for the "
+                  "sharded state of optimizer ", i, " (written by an older accel, or an optimizer "
+                  "that does not hold exactly one prepared model's trainable parameters), so that "
+                  "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
+      const auto& whole = reg.partitions[i].whole;
+      const auto& entry = (*saved)[i];
+      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
+      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
+      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
+      ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
+                  "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
+                  " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
+                  "run's model, optimizer parameter groups and bucket_cap_mb make ", whole.bucket_numel.size(),
+                  " buckets of ", c10::IntArrayRef(whole.bucket_numel), ". Resume with the same model, "
+                  "parameter groups and AcceleratorOptions::bucket_cap_mb as the run that saved it.");
+      if (saved_per_rank) {
+        for (int r = 0; r < saved_world; ++r)
+          sources[i].push_back({nullptr, shard::detail::chunk_layout(numel, group, groups, static_cast<int>(saved_world), r),
+                                dir / optimizer_file(i, r, true)});
+      } else {
+        sources[i].push_back({nullptr, whole, dir / optimizer_file(i, 0, false)});
+      }
+    }
+  }
+  // A process the saving run did not have keeps its random generators and
+  // continues the data where process 0 stood (mapped below).
+  const bool has_own_files = rank < saved_world;
+  const std::string loader_positions = loaders_file(has_own_files ? rank : 0);
 
   // Every missing file at once.
-  std::vector<std::string> files = main_files(reg);
-  for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
+  std::vector<std::string> files;
+  if (!other_world) {
+    files = main_files(reg);
+    for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
+  } else {
+    for (auto& f : main_files(reg))
+      if (f.rfind("optimizer", 0) != 0) files.push_back(std::move(f));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      if (!relayout) files.push_back(optimizer_file(i, 0, false));
+      for (const auto& src : sources[i]) files.push_back(src.file.filename().string());
+    }
+    if (has_own_files) files.push_back(random_states_file(rank));
+    files.push_back(loader_positions);
+  }
   std::vector<std::string> missing;
   std::error_code ec;
   for (const auto& f : files)
@@ -104,7 +164,10 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                 "it from the list and loads it the same way.");
   }
   ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
-              ". Load a directory written completely by save_state().");
+              other_world ? ". Another number of processes reads every process's optimizer files: put "
+                            "the checkpoint where every process can read all of it (a shared file "
+                            "system), or resume with the number of processes that saved it."
+                          : ". Load a directory written completely by save_state().");
 
   // The checksums save_state recorded (none in checkpoints written before it recorded them).
   std::optional<Checksums> sums;
@@ -146,8 +209,18 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-    const std::string name = optimizer_file(reg, i, rank);
-    load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
+    if (!relayout) {
+      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
+      load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
+      continue;
+    }
+    std::vector<torch::serialize::InputArchive> saved(sources[i].size());
+    for (std::size_t r = 0; r < saved.size(); ++r) {
+      const auto name = sources[i][r].file.filename().string();
+      load_archive(saved[r], sources[i][r].file, expected(name), reg.state->device);
+      sources[i][r].archive = &saved[r];
+    }
+    s.optimizers[i] = relayout_optimizer(sources[i], reg.partitions[i].held, reg.state->device);
   }
   s.schedulers.resize(reg.schedulers.size());
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
@@ -164,15 +237,15 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     const std::string name = comm_hook_file(i, rank);
     load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
   }
-  {
+  if (has_own_files) {
     const fs::path f = dir / random_states_file(rank);
     torch::serialize::InputArchive rng;
     load_archive(rng, f, expected(random_states_file(rank)));
     s.generators = GeneratorStates::read(rng, f);
   }
   {
-    const fs::path f = dir / loaders_file(rank);
-    const auto j = read_json(f, expected(loaders_file(rank)));
+    const fs::path f = dir / loader_positions;
+    const auto j = read_json(f, expected(loader_positions));
     const auto list_j = j.find("loaders");
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
@@ -181,6 +254,26 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
       data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
       ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
                   "' holds a negative loader position. Save the checkpoint again.");
+      if (other_world && c.batches_yielded > 0) {
+        // The same samples, in whole steps of this run (the epoch's order
+        // does not depend on the number of processes).
+        const std::size_t index = s.loaders.size();
+        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
+        const auto step = reg.loaders[index].samples_per_step();
+        const auto samples = c.batches_yielded * saved_step;
+        ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                    " processes but this run has ", comm.size(), ", and it does not record how many "
+                    "samples a step of data loader ", index, " took (written by an older accel). "
+                    "Resume with ", saved_world, " processes.");
+        ACCEL_CHECK(samples % step == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+                    saved_world, " processes after ", c.batches_yielded, " steps of ", saved_step,
+                    " samples of data loader ", index, " in epoch ", c.epoch, " (", samples,
+                    " samples); this run takes ", step, " samples per step (", comm.size(),
+                    " processes), and ", samples, " samples are not a whole number of its steps, so "
+                    "the epoch cannot be continued exactly. Use a batch size with which ", samples,
+                    " samples are whole steps, or resume with ", saved_world, " processes.");
+        c.batches_yielded = samples / step;
+      }
       s.loaders.push_back(c);
     }
   }

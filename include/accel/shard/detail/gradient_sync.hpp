@@ -4,6 +4,7 @@
 #ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 #define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
 
+#include <cstddef>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -13,6 +14,8 @@
 #include <accel/comm/hook.hpp>
 
 namespace accel::shard::detail {
+
+class ParameterGather;
 
 class GradientSync {
  public:
@@ -43,6 +46,9 @@ class GradientSync {
   /// Accelerator::register_comm_hook); null where nothing is communicated.
   virtual comm::Hook* comm_hook() const { return nullptr; }
   virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
+  /// Under shard::ShardParameters, how the model's forward gathers its
+  /// parameters; null where every rank holds them whole.
+  virtual ParameterGather* parameter_gather() { return nullptr; }
 
  private:
   std::shared_ptr<const bool> sync_now_;
@@ -60,6 +66,28 @@ class OptimizerPartition {
   /// After the inner optimizer step: make every rank's full parameters the
   /// updated ones again (all-gather). stepped is false when it was skipped.
   virtual void after_step(bool stepped) = 0;
+};
+
+/// ZeRO-3 (shard::ShardParameters): each rank holds a partition of the
+/// parameters; the whole values exist only while a unit computes. Units are
+/// numbered as the model's children (unit_of_parameters). Every call is a
+/// collective where it gathers: all ranks make the same calls in the same order.
+class ParameterGather {
+ public:
+  virtual ~ParameterGather() = default;
+  virtual std::size_t num_units() const = 0;
+  /// Makes unit u's parameters (and any tied parameter it uses) whole.
+  virtual void gather_unit(std::size_t u) = 0;
+  /// Frees what gather_unit(u) made whole.
+  virtual void release_unit(std::size_t u) = 0;
+  /// Unit u's backward is next (units run as a chain): the units after it
+  /// are done with theirs and are freed; unit u is gathered.
+  virtual void gather_for_backward(std::size_t u) = 0;
+  virtual void gather_all() = 0;
+  virtual void release_all() = 0;
+  /// After the parameters were written while whole (load_state): each
+  /// rank's partition takes the new values.
+  virtual void keep_written_values() = 0;
 };
 
 /// The policy for one process: gradients are already complete.

@@ -31,7 +31,7 @@ inline std::shared_ptr<ZeroReducer> find_zero_reducer(const ZeroReducers& sharde
 
 /// Rebinds `opt` to the partitions of the prepared model that owns its
 /// parameters; the returned partition gathers updates and zeroes gradients.
-inline std::shared_ptr<OptimizerPartition> bind_optimizer(const ZeroReducers& sharded,
+inline std::shared_ptr<ZeroReducer> bind_optimizer(const ZeroReducers& sharded,
                                                           torch::optim::Optimizer& opt) {
   std::shared_ptr<ZeroReducer> owner;
   for (auto& g : opt.param_groups())

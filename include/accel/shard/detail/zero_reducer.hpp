@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::shard::detail::ZeroReducer: the gradient and parameter
-/// traffic of shard::ShardOptimizer (ZeRO-1) and shard::ShardGradients (ZeRO-2).
+/// traffic of shard::ShardOptimizer (ZeRO-1), shard::ShardGradients (ZeRO-2)
+/// and shard::ShardParameters (ZeRO-3).
 #ifndef ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
 #define ACCEL_SHARD_DETAIL_ZERO_REDUCER_HPP
 
@@ -21,6 +22,8 @@
 #include <accel/shard/detail/bucket_plan.hpp>
 #include <accel/shard/detail/bucket_round.hpp>
 #include <accel/shard/detail/gradient_sync.hpp>
+#include <accel/shard/detail/parameter_units.hpp>
+#include <accel/shard/detail/partition_layout.hpp>
 
 namespace accel::shard::detail {
 
@@ -44,15 +47,26 @@ namespace accel::shard::detail {
 /// transient memory is about two buckets plus the gradients of the bucket
 /// being filled. (On the non-sync micro-steps of accumulate() the full
 /// gradients accumulate locally, as without sharding.)
-class ZeroReducer final : public GradientSync, public OptimizerPartition, private BucketReduction {
+/// ZeRO-3 (units given): as ZeRO-2, and a bucket holds one unit's parameters
+/// of one optimizer group. Each rank keeps its chunks in storage of their
+/// own; a bucket's flat storage is allocated and all-gathered only while its
+/// unit computes (ParameterGather), and freed when its unit's forward ends
+/// and when its gradients are handed to the reduce-scatter. The parameters
+/// keep pointing into the flat storage, so autograd's saved references to
+/// them see the values again once the unit is gathered for its backward.
+class ZeroReducer final : public GradientSync,
+                          public OptimizerPartition,
+                          public ParameterGather,
+                          private BucketReduction {
  public:
   /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
-  /// its reduce_scatter.
+  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients).
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
               int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
-              std::shared_ptr<comm::Hook> hook = nullptr)
+              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients), world_(comm_->size()), rank_(comm_->rank()),
+        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
+        rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
                std::move(hook)) {
@@ -82,6 +96,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   }
 
   void after_step(bool stepped) override {
+    if (units_) {  // the chunks are the parameters now; the next forward gathers them
+      release_all();
+      return;
+    }
     if (!stepped || world_ == 1) return;
     reattach_parameters();
     profiling::Span span("accel: all-gather updated parameters", "accel.comm");
@@ -133,6 +151,9 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
                   "training (in the same prepare() call).");
       build_layout(group_of);
     }
+    std::vector<std::vector<torch::Tensor>> listed;
+    for (auto& g : groups) listed.push_back(g.params());
+    whole_layout_ = parameter_layout(params_, plan_, group_of_, listed);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       std::vector<torch::Tensor> chunks;
       for (auto& b : buckets_)
@@ -141,6 +162,60 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     adopted_ = true;
   }
+
+  /// What the adopted optimizer holds (this rank's chunks), and what it
+  /// would hold unpartitioned (its parameters whole): for load_state.
+  PartitionLayout held_layout() const {
+    std::vector<int> group;
+    for (const auto& b : buckets_) group.push_back(b.group);
+    return chunk_layout(plan_.numel, std::move(group), whole_layout_.groups.size(), world_, rank_);
+  }
+  const PartitionLayout& whole_layout() const { return whole_layout_; }
+
+  // ZeRO-3 (ParameterGather).
+  ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
+  std::size_t num_units() const override { return unit_buckets_.size(); }
+  void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
+  void release_unit(std::size_t u) override {
+    for (auto b : unit_buckets_.at(u)) release(b);
+  }
+  void gather_for_backward(std::size_t u) override {
+    // Freed first (on the non-sync micro-steps of accumulate() nothing else
+    // frees them), so that at most one unit is whole.
+    const auto& mine = unit_buckets_.at(u);
+    for (std::size_t v = u + 1; v < unit_buckets_.size(); ++v)
+      for (auto b : unit_buckets_[v])
+        if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
+    make_whole(mine);
+  }
+  void gather_all() override {
+    std::vector<std::size_t> all(buckets_.size());
+    for (std::size_t b = 0; b < all.size(); ++b) all[b] = b;
+    make_whole(all);
+  }
+  void release_all() override {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
+  }
+  void keep_written_values() override {
+    if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
+    reattach_parameters();
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_)
+      if (b.whole) b.shard.detach().copy_(b.flat.narrow(0, rank_ * b.chunk, b.chunk));
+  }
+  /// Bytes of parameter storage this rank holds now (ZeRO-3: its chunks plus
+  /// the buckets gathered at the moment), and the most since the last reset;
+  /// for tests and the benchmark.
+  int64_t parameter_bytes() const {
+    int64_t n = 0;
+    for (const auto& b : buckets_) {
+      if (units_) n += static_cast<int64_t>(b.shard.nbytes());
+      if (b.whole) n += static_cast<int64_t>(b.flat.nbytes());
+    }
+    return n;
+  }
+  int64_t peak_parameter_bytes() const { return peak_parameter_bytes_; }
+  void reset_peak_parameter_bytes() { peak_parameter_bytes_ = parameter_bytes(); }
 
   bool owns(const torch::Tensor& p) const { return index_.count(p.unsafeGetTensorImpl()) > 0; }
   std::size_t num_params() const { return params_.size(); }
@@ -178,12 +253,14 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
+    bool whole = true;    ///< flat's storage holds the parameters (ZeRO-3: only while gathered)
   };
 
   void build_layout(const std::vector<int>& group_of) {
+    if (units_ && !buckets_.empty()) gather_all();  // the new buckets take the parameters' values
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    plan_ = plan_buckets(params_, bucket_bytes_, group_of);
+    plan_ = plan_buckets(params_, bucket_bytes_, units_ ? bucket_keys(group_of, *units_) : group_of);
     std::vector<Bucket> buckets;
     for (std::size_t i = 0; i < plan_.size(); ++i) {
       const auto& members = plan_.buckets[i];
@@ -209,6 +286,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
         }
       }
       b.shard = storage_alias(b.flat, rank_ * b.chunk, {b.chunk});
+      if (units_) b.shard = b.shard.clone();  // outlives the flat storage
       b.shard.set_requires_grad(true);
       b.shard.mutable_grad() = shard_gradients_ ? torch::zeros({b.chunk}, opts)
                                                 : storage_alias(b.grad, rank_ * b.chunk, {b.chunk});
@@ -216,6 +294,49 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
     }
     buckets_ = std::move(buckets);
     round_.set_plan(plan_);
+    unit_buckets_.clear();
+    if (units_)
+      for (const auto& uses : units_->uses) {
+        std::vector<std::size_t> bs;
+        for (auto k : uses) bs.push_back(plan_.slots[k].bucket);
+        std::sort(bs.begin(), bs.end());
+        bs.erase(std::unique(bs.begin(), bs.end()), bs.end());
+        unit_buckets_.push_back(std::move(bs));
+      }
+    reset_peak_parameter_bytes();
+  }
+
+  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
+  // all-gathers every rank's chunk into it.
+  void make_whole(const std::vector<std::size_t>& bs) {
+    std::vector<std::shared_ptr<runtime::Work>> works;
+    {
+      profiling::Span span("accel: all-gather parameters", "accel.comm");
+      torch::NoGradGuard no_grad;
+      for (auto i : bs) {
+        auto& b = buckets_[i];
+        if (b.whole) continue;
+        auto* storage = b.flat.storage().unsafeGetStorageImpl();
+        const auto bytes = b.flat.nbytes();
+        storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+        storage->set_nbytes(bytes);
+        b.whole = true;
+        works.push_back(comm_->all_gather(b.flat, b.shard.detach()));
+      }
+      for (auto& w : works) w->wait();
+    }
+    peak_parameter_bytes_ = std::max(peak_parameter_bytes_, parameter_bytes());
+  }
+
+  // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
+  // shapes, with no memory behind them until the next make_whole).
+  void release(std::size_t i) {
+    auto& b = buckets_[i];
+    if (!units_ || !b.whole) return;
+    auto* storage = b.flat.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, b.flat.device()));
+    storage->set_nbytes(0);
+    b.whole = false;
   }
 
   // Module::load (load_state) and user code may give a parameter new storage
@@ -227,9 +348,10 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       auto& p = params_[k];
       const auto& slot = plan_.slots[k];
       const auto& b = buckets_[slot.bucket];
-      auto* expected = static_cast<char*>(b.flat.data_ptr()) +
-                       slot.offset * static_cast<int64_t>(b.flat.element_size());
-      if (p.data_ptr() == expected && p.is_contiguous()) continue;
+      if (!b.whole) continue;  // ZeRO-3: written only while gathered
+      if (p.storage().unsafeGetStorageImpl() == b.flat.storage().unsafeGetStorageImpl() &&
+          p.storage_offset() == b.flat.storage_offset() + slot.offset && p.is_contiguous())
+        continue;
       // A parameter of another shape would overwrite its neighbours in the bucket.
       ACCEL_CHECK(p.sizes().vec() == slot.shape,
                   "accel: parameter ", k, " of a sharded model changed its shape from ",
@@ -285,6 +407,7 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
       b.staging.narrow(0, plan_.slots[k].offset, p.numel()).copy_(p.grad().reshape(-1));
       p.mutable_grad() = torch::Tensor();  // released: the partition keeps what this rank needs
     }
+    release(index);  // ZeRO-3: backward has used these parameters for the last time this step
     b.received = torch::empty({b.chunk}, b.flat.options());
     comm::GradBucket bucket{index, b.staging, member_views(plan_, index, b.staging), last};
     return round_.hook().reduce_scatter(b.received, bucket, *comm_);
@@ -307,12 +430,16 @@ class ZeroReducer final : public GradientSync, public OptimizerPartition, privat
   std::shared_ptr<runtime::Communicator> comm_;
   int64_t bucket_bytes_;
   bool shard_gradients_;
+  std::optional<ParameterUnits> units_;             ///< ZeRO-3
+  std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
+  int64_t peak_parameter_bytes_ = 0;
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
   BucketPlan plan_;
   std::vector<Bucket> buckets_;
   bool adopted_ = false;
+  PartitionLayout whole_layout_;  ///< set by adopt()
   BucketRound round_;  ///< last: destroyed first, while what it calls exists
 };
 
