@@ -5,6 +5,7 @@
 #define ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -54,6 +55,21 @@ inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const Process
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+/// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer
+/// has died, and SIGPIPE's default action ends the process before Gloo can
+/// report the error (PyTorch never meets this: Python ignores SIGPIPE). So
+/// SIGPIPE is ignored, unless the program installed a handler of its own;
+/// the dead peer then surfaces as accel::Error from the collective.
+inline void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 }  // namespace detail
 
 /// Communicator over c10d::ProcessGroupGloo. Gloo reduces in host memory:
@@ -67,6 +83,7 @@ class GlooCommunicator final : public C10dCommunicator {
       : C10dCommunicator(name, std::move(store), env, torch::kCPU,
                          options.stage_always ? Staging::Always : Staging::ThroughHost,
                          options.timeout) {
+    detail::ignore_sigpipe_unless_handled();
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(detail::make_gloo_device(env));
     opts->threads = options.threads;
