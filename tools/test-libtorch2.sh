@@ -7,6 +7,8 @@
 # Needs root (uses sudo otherwise) and Debian's archive.
 # Usage: tools/test-libtorch2.sh [extra ctest args...]
 #        tools/test-libtorch2.sh --shell      a shell in the chroot's tree
+#        tools/test-libtorch2.sh --prepare    only the chroot and its packages
+#          (network and disk: CI runs it while the first leg compiles)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 root=${ACCEL_TRIXIE_ROOT:-/var/cache/accel/trixie}
@@ -53,10 +55,11 @@ fi
 # 3. Inside: a private mount namespace, so /proc, /sys and /dev are unmounted
 #    when this script ends, however it ends.
 inner='cd /work/accel && ./tools/setup.sh && ./tools/test.sh /work/build "$@"'
-if [[ "${1:-}" == "--shell" ]]; then
-  inner='cd /work/accel && exec bash -i'
-  shift
-fi
+what=suite
+case "${1:-}" in
+  --shell) inner='cd /work/accel && exec bash -i'; shift ;;
+  --prepare) inner='cd /work/accel && ./tools/setup.sh'; what=preparation; shift ;;
+esac
 set +e
 unshare --mount --propagation private -- bash -c '
   set -e
@@ -70,5 +73,5 @@ unshare --mount --propagation private -- bash -c '
     bash -c "$0" bash "$@"' "$inner" "$root" "$@"
 rc=$?
 set -e
-say "LibTorch 2.6 suite exited with $rc after $(( $(date +%s) - started )) s"
+say "LibTorch 2.6 $what exited with $rc after $(( $(date +%s) - started )) s"
 exit $rc
