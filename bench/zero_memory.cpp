@@ -1,18 +1,24 @@
-// Per-rank memory and step time of shard::Replicate, ShardOptimizer (ZeRO-1),
-// ShardGradients (ZeRO-2) and ShardParameters (ZeRO-3) on 2 Gloo processes (forked by
-// accel::notebook_launcher), for an MLP of `layers` Linear(hidden, hidden)
-// with Adam. Prints a markdown table (bench/README.md).
+// Per-rank memory, step time and bytes communicated of shard::Replicate,
+// ShardOptimizer (ZeRO-1), ShardGradients (ZeRO-2) and ShardParameters
+// (ZeRO-3) on N Gloo processes (forked by accel::notebook_launcher), for an
+// MLP of `layers` Linear(hidden, hidden) with Adam. Prints a markdown table
+// (bench/README.md).
 //
-//   zero_memory [hidden=4096] [layers=6] [steps=5] [batch=16]
+//   zero_memory [hidden=4096] [layers=6] [steps=5] [batch=16] [processes=2]
 //
-// hidden 4096 x 6 layers is ~100.7M parameters (403 MB in float32).
+// hidden 4096 x 6 layers is ~100.7M parameters (403 MB in float32), x 12
+// layers ~201M.
 // "peak RSS" is the rank's high-water resident memory minus what it had on
 // entry (the forked image of the launcher); "state" counts the bytes of the
 // tensors in Adam's per-parameter state, "grads" the gradient storage held
 // between backward and step, "params" the parameter storage held between
 // steps and its peak during the steps (ZeRO-3: chunks plus gathered units).
+// "sent" is what the rank hands to the collectives per step
+// (runtime::CountingCommunicator: the tensor of an all-reduce, the input of
+// an all-gather or reduce-scatter).
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
+#include <accel/runtime/counting_communicator.hpp>
 
 #include <sys/resource.h>
 
@@ -36,10 +42,22 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1e3;  // KiB on Linux
 }
 
+// backend::Gloo with every collective's bytes counted. The worker is a
+// forked process of its own, so the Gloo communicator can live in a global.
+std::shared_ptr<accel::runtime::Communicator> g_gloo;
+struct CountingGloo : accel::backend::Gloo {
+  static std::shared_ptr<accel::runtime::Communicator> make_communicator(const accel::runtime::ProcessEnv& env,
+                                                                         const accel::AcceleratorOptions& o) {
+    g_gloo = accel::backend::Gloo::make_communicator(env, o);
+    return std::make_shared<accel::runtime::CountingCommunicator>(*g_gloo);
+  }
+};
+
 template <class Shard>
 void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batch) {
   const double entry_rss = rss_mb();
-  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc;
+  accel::Accelerator<CountingGloo, accel::precision::Fp32, Shard> acc;
+  auto& counting = dynamic_cast<accel::runtime::CountingCommunicator&>(acc.communicator());
   torch::manual_seed(1);
   torch::nn::Sequential model;
   for (int l = 0; l < layers; ++l) {
@@ -52,10 +70,11 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
   auto x = torch::randn({batch, hidden});
   auto y = torch::randn({batch, hidden});
   double seconds = 0;
-  int64_t grad_bytes = 0;
+  int64_t grad_bytes = 0, sent_bytes = 0;
   auto* zero = dynamic_cast<accel::shard::detail::ZeroReducer*>(&m.gradient_sync());
   for (int s = 0; s <= steps; ++s) {  // step 0 warms up (allocates the state)
     acc.wait_for_everyone();
+    counting.reset();
     auto t0 = std::chrono::steady_clock::now();
     auto loss = torch::mse_loss(m(x), y);
     acc.backward(loss);
@@ -70,6 +89,7 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
     opt.zero_grad();
     auto t1 = std::chrono::steady_clock::now();
     if (s > 0) seconds += std::chrono::duration<double>(t1 - t0).count();
+    if (s > 0) sent_bytes += counting.bytes();
     if (s == 0 && zero) zero->reset_peak_parameter_bytes();  // past prepare()'s whole model
   }
   int64_t param_bytes = 0, peak_param_bytes = 0;
@@ -90,23 +110,23 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
   std::ofstream f(out + "_" + std::to_string(acc.process_index()) + ".txt");
   f << params << ' ' << peak_rss_mb() - entry_rss << ' ' << seconds / steps << ' '
     << state_bytes / 1e6 << ' ' << grad_bytes / 1e6 << ' ' << param_bytes / 1e6 << ' '
-    << peak_param_bytes / 1e6 << '\n';
+    << peak_param_bytes / 1e6 << ' ' << sent_bytes / steps / 1e6 << '\n';
 }
 
 template <class Shard>
-void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch) {
+void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch, int processes) {
   const std::string out = "/tmp/zero_memory_" + std::string(name) + "_" + std::to_string(::getpid());
   accel::LaunchOptions lo;
-  lo.num_processes = 2;
+  lo.num_processes = processes;
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(1800);
   accel::notebook_launcher(worker<Shard>, std::make_tuple(out, hidden, layers, steps, batch), lo);
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < processes; ++r) {
     std::ifstream f(out + "_" + std::to_string(r) + ".txt");
-    double params = 0, peak = 0, step = 0, state = 0, grads = 0, held = 0, held_peak = 0;
-    f >> params >> peak >> step >> state >> grads >> held >> held_peak;
-    std::printf("| %s | %d | %.1fM | %.0f | %.0f | %.0f | %.0f / %.0f | %.3f |\n", name, r, params / 1e6, peak,
-                state, grads, held, held_peak, step);
+    double params = 0, peak = 0, step = 0, state = 0, grads = 0, held = 0, held_peak = 0, sent = 0;
+    f >> params >> peak >> step >> state >> grads >> held >> held_peak >> sent;
+    std::printf("| %s | %d/%d | %.1fM | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f | %.3f |\n", name, r, processes,
+                params / 1e6, peak, state, grads, held, held_peak, sent, step);
     std::remove((out + "_" + std::to_string(r) + ".txt").c_str());
   }
 }
@@ -118,11 +138,12 @@ int main(int argc, char** argv) {
   const int layers = argc > 2 ? std::stoi(argv[2]) : 6;
   const int steps = argc > 3 ? std::stoi(argv[3]) : 5;
   const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 16;
+  const int processes = argc > 5 ? std::stoi(argv[5]) : 2;
   at::set_num_threads(1);
-  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | params held / peak (MB) | step (s) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
-  run<accel::shard::Replicate>("Replicate", hidden, layers, steps, batch);
-  run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch);
-  run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch);
-  run<accel::shard::ShardParameters>("ShardParameters", hidden, layers, steps, batch);
+  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | params held / peak (MB) | sent per step (MB) | step (s) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  run<accel::shard::Replicate>("Replicate", hidden, layers, steps, batch, processes);
+  run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch, processes);
+  run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch, processes);
+  run<accel::shard::ShardParameters>("ShardParameters", hidden, layers, steps, batch, processes);
 }

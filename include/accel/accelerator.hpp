@@ -12,6 +12,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -49,13 +50,41 @@ namespace accel {
 
 namespace detail {
 
+/// Each tensor once, in the order first seen. LibTorch's parameters() lists
+/// a tied (shared) parameter under each of its names; Python's lists it once,
+/// and reducers, clipping and the optimizer must count it once.
+inline std::vector<torch::Tensor> unique_tensors(std::vector<torch::Tensor> ts) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::erase_if(ts, [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  return ts;
+}
+
 /// The parameters of a prepared model, or of a range of tensors.
 template <class T>
 std::vector<torch::Tensor> parameters_of(T&& params) {
   if constexpr (requires { params.get()->parameters(); })
-    return params.get()->parameters();
+    return unique_tensors(params.get()->parameters());
   else
-    return std::vector<torch::Tensor>(std::begin(params), std::end(params));
+    return unique_tensors(std::vector<torch::Tensor>(std::begin(params), std::end(params)));
+}
+
+/// What a model's gradients are synchronised for: its parameters that
+/// require a gradient, each once.
+inline std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model) {
+  auto ts = unique_tensors(model.parameters());
+  std::erase_if(ts, [](const torch::Tensor& t) { return !t.requires_grad(); });
+  return ts;
+}
+
+/// Removes the repeats of a parameter from an optimizer's groups (the first
+/// listing stays), so that a tied parameter is stepped once per step.
+/// Returns how many were removed.
+inline std::size_t drop_repeated_parameters(torch::optim::Optimizer& opt) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::size_t removed = 0;
+  for (auto& g : opt.param_groups())
+    removed += std::erase_if(g.params(), [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  return removed;
 }
 }  // namespace detail
 
@@ -511,6 +540,11 @@ class Accelerator {
       return prepare_model(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Optimizer) {
       auto opt = detail::share(std::forward<A>(a));
+      if (const auto repeats = detail::drop_repeated_parameters(*opt); repeats > 0 && is_main_process())
+        std::cerr << "accel: the optimizer listed " << repeats
+                  << " parameter(s) more than once (a tied parameter is in model->parameters() under each of"
+                     " its names); prepare() keeps the first listing, so each is stepped once per step, as in"
+                     " PyTorch.\n";
       registry_.add_optimizer(opt);
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
       if constexpr (Shard::shards_optimizer_state) {  // steps this rank's partition only
@@ -543,14 +577,12 @@ class Accelerator {
     for (auto& g : opt.param_groups()) listed.push_back(g.params());
     const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
     for (const auto& model : registry_.models) {
-      std::vector<torch::Tensor> trainable;
-      for (auto& p : model->parameters())
-        if (p.requires_grad()) trainable.push_back(p);
+      const auto trainable = detail::trainable_parameters(*model);
       const auto group_of = shard::detail::groups_of(trainable, listed);
       if (std::find(group_of.begin(), group_of.end(), -1) != group_of.end() || trainable.empty()) continue;
-      auto keys = group_of;
-      if constexpr (shards_parameters_v<Shard>) keys = shard::detail::bucket_keys(group_of, shard::detail::units_of(*model, trainable));
-      const auto plan = shard::detail::plan_buckets(trainable, bucket_bytes, keys);
+      std::optional<shard::detail::ParameterUnits> units;
+      if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*model, trainable);
+      const auto plan = shard::detail::zero_plan(trainable, bucket_bytes, group_of, units);
       return shard::detail::parameter_layout(trainable, plan, group_of, listed);
     }
     return {};  // not one model's trainable parameters: load_state cannot re-partition it
@@ -562,11 +594,9 @@ class Accelerator {
     module->to(state_->device);
     std::shared_ptr<shard::detail::GradientSync> sync;
     if (state_->comm->size() > 1) {
-      broadcast_from_main(module->parameters());
+      broadcast_from_main(detail::unique_tensors(module->parameters()));
       broadcast_from_main(module->buffers());
-      std::vector<torch::Tensor> trainable;
-      for (auto& p : module->parameters())
-        if (p.requires_grad()) trainable.push_back(p);
+      auto trainable = detail::trainable_parameters(*module);
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
@@ -707,15 +737,17 @@ class Accelerator {
           for (auto* g : gathers) g->release_all();
         }
       } release{gathers};
+      const auto keep_loaded = [&] {
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+      };
       for (auto* g : gathers) g->gather_all();
       if constexpr (std::is_void_v<decltype(fn())>) {
         fn();
-        if (loads)
-          for (auto* g : gathers) g->keep_written_values();
+        keep_loaded();
       } else {
         auto result = fn();
-        if (loads)
-          for (auto* g : gathers) g->keep_written_values();
+        keep_loaded();
         return result;
       }
     }

@@ -594,6 +594,7 @@ class CountingCommunicator final : public Communicator {
 #define ACCEL_RUNTIME_GLOO_COMMUNICATOR_HPP
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -1511,6 +1512,21 @@ inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const Process
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+/// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer
+/// has died, and SIGPIPE's default action ends the process before Gloo can
+/// report the error (PyTorch never meets this: Python ignores SIGPIPE). So
+/// SIGPIPE is ignored, unless the program installed a handler of its own;
+/// the dead peer then surfaces as accel::Error from the collective.
+inline void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 }  // namespace detail
 
 /// Communicator over c10d::ProcessGroupGloo. Gloo reduces in host memory:
@@ -1524,6 +1540,7 @@ class GlooCommunicator final : public C10dCommunicator {
       : C10dCommunicator(name, std::move(store), env, torch::kCPU,
                          options.stage_always ? Staging::Always : Staging::ThroughHost,
                          options.timeout) {
+    detail::ignore_sigpipe_unless_handled();
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(detail::make_gloo_device(env));
     opts->threads = options.threads;
@@ -10849,7 +10866,6 @@ class OptimizerPartition {
 class ParameterGather {
  public:
   virtual ~ParameterGather() = default;
-  virtual std::size_t num_units() const = 0;
   /// Makes unit u's parameters (and any tied parameter it uses) whole.
   virtual void gather_unit(std::size_t u) = 0;
   /// Frees what gather_unit(u) made whole.
@@ -11572,6 +11588,7 @@ auto share(A&& a) {
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -11982,22 +11999,29 @@ inline void write_value(torch::serialize::OutputArchive& out, const std::string&
 /// where they name optimizer states: keys directly under "state" and string
 /// values under "params".
 inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                         bool decimal_addresses = false, const std::string& parent = "") {
-  for (const std::string& key : in.keys()) {
-    torch::serialize::InputArchive sub;
-    if (in.try_read(key, sub)) {
-      torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_archive(sub, copy, decimal_addresses, key);
-      const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
-      out.write(rename ? decimal_address(key) : key, copy);
-      continue;
-    }
-    auto v = read_value(in, key);
-    if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
-        is_hex_address(v.value.toStringRef()))
-      v.value = c10::IValue(decimal_address(v.value.toStringRef()));
-    write_value(out, key, v);
+                         bool decimal_addresses = false, const std::string& parent = "");
+
+/// Copies entry `key` of `in` (a sub-archive or a value), as copy_archive does.
+inline void copy_entry(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                       const std::string& key, bool decimal_addresses = false, const std::string& parent = "") {
+  torch::serialize::InputArchive sub;
+  if (in.try_read(key, sub)) {
+    torch::serialize::OutputArchive copy(out.compilation_unit());
+    copy_archive(sub, copy, decimal_addresses, key);
+    const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
+    out.write(rename ? decimal_address(key) : key, copy);
+    return;
   }
+  auto v = read_value(in, key);
+  if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
+      is_hex_address(v.value.toStringRef()))
+    v.value = c10::IValue(decimal_address(v.value.toStringRef()));
+  write_value(out, key, v);
+}
+
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses, const std::string& parent) {
+  for (const std::string& key : in.keys()) copy_entry(in, out, key, decimal_addresses, parent);
 }
 
 /// True when `in` is an optimizer archive whose state keys are 1.13's hex.
@@ -12993,17 +13017,8 @@ inline torch::serialize::InputArchive relayout_optimizer(const std::vector<Saved
   }
   // Everything else as the first archive has it (LibTorch's format version,
   // accel's group options).
-  for (const auto& key : first.keys()) {
-    if (key == "state" || key == "param_groups") continue;
-    torch::serialize::InputArchive sub;
-    if (first.try_read(key, sub)) {
-      torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_archive(sub, copy);
-      out.write(key, copy);
-    } else {
-      write_value(out, key, read_value(first, key));
-    }
-  }
+  for (const auto& key : first.keys())
+    if (key != "state" && key != "param_groups") copy_entry(first, out, key);
   out.write("state", states);
   out.write("param_groups", groups);
   std::stringstream bytes;
@@ -14920,10 +14935,13 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 #define ACCEL_SHARD_DETAIL_PARAMETER_UNITS_HPP
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include <torch/torch.h>
+
 
 namespace accel::shard::detail {
 
@@ -14954,13 +14972,17 @@ inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector
   return units;
 }
 
-/// The key plan_buckets groups by: a bucket holds one optimizer group's
-/// parameters of one unit, so that a unit is gathered by whole buckets.
-inline std::vector<int> bucket_keys(const std::vector<int>& group_of, const ParameterUnits& units) {
+/// The buckets of a sharded model: one optimizer group's parameters each
+/// and, under ZeRO-3 (units given), one unit's, so that a unit is gathered by
+/// whole buckets. The reducer and load_state's one-process layout both use
+/// this, so a checkpoint's buckets match on any number of processes.
+inline BucketPlan zero_plan(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                            const std::vector<int>& group_of, const std::optional<ParameterUnits>& units) {
+  if (!units) return plan_buckets(params, bucket_bytes, group_of);
   std::vector<int> keys(group_of.size());
-  const auto n = static_cast<int>(units.uses.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) keys[k] = group_of[k] * n + units.owner[k];
-  return keys;
+  const auto n = static_cast<int>(units->uses.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) keys[k] = group_of[k] * n + units->owner[k];
+  return plan_buckets(params, bucket_bytes, keys);
 }
 
 }  // namespace accel::shard::detail
@@ -15011,7 +15033,7 @@ class ZeroReducer final : public GradientSync,
         shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
         rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
-        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients_ ? 2u : 0u},
                std::move(hook)) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
@@ -15117,7 +15139,6 @@ class ZeroReducer final : public GradientSync,
 
   // ZeRO-3 (ParameterGather).
   ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
-  std::size_t num_units() const override { return unit_buckets_.size(); }
   void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
   void release_unit(std::size_t u) override {
     for (auto b : unit_buckets_.at(u)) release(b);
@@ -15203,7 +15224,7 @@ class ZeroReducer final : public GradientSync,
     if (units_ && !buckets_.empty()) gather_all();  // the new buckets take the parameters' values
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    plan_ = plan_buckets(params_, bucket_bytes_, units_ ? bucket_keys(group_of, *units_) : group_of);
+    plan_ = zero_plan(params_, bucket_bytes_, group_of, units_);
     std::vector<Bucket> buckets;
     for (std::size_t i = 0; i < plan_.size(); ++i) {
       const auto& members = plan_.buckets[i];
@@ -16173,13 +16194,41 @@ namespace accel {
 
 namespace detail {
 
+/// Each tensor once, in the order first seen. LibTorch's parameters() lists
+/// a tied (shared) parameter under each of its names; Python's lists it once,
+/// and reducers, clipping and the optimizer must count it once.
+inline std::vector<torch::Tensor> unique_tensors(std::vector<torch::Tensor> ts) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::erase_if(ts, [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  return ts;
+}
+
 /// The parameters of a prepared model, or of a range of tensors.
 template <class T>
 std::vector<torch::Tensor> parameters_of(T&& params) {
   if constexpr (requires { params.get()->parameters(); })
-    return params.get()->parameters();
+    return unique_tensors(params.get()->parameters());
   else
-    return std::vector<torch::Tensor>(std::begin(params), std::end(params));
+    return unique_tensors(std::vector<torch::Tensor>(std::begin(params), std::end(params)));
+}
+
+/// What a model's gradients are synchronised for: its parameters that
+/// require a gradient, each once.
+inline std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& model) {
+  auto ts = unique_tensors(model.parameters());
+  std::erase_if(ts, [](const torch::Tensor& t) { return !t.requires_grad(); });
+  return ts;
+}
+
+/// Removes the repeats of a parameter from an optimizer's groups (the first
+/// listing stays), so that a tied parameter is stepped once per step.
+/// Returns how many were removed.
+inline std::size_t drop_repeated_parameters(torch::optim::Optimizer& opt) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::size_t removed = 0;
+  for (auto& g : opt.param_groups())
+    removed += std::erase_if(g.params(), [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  return removed;
 }
 }  // namespace detail
 
@@ -16635,6 +16684,11 @@ class Accelerator {
       return prepare_model(T(std::forward<A>(a)));
     } else if constexpr (kind == PrepareKind::Optimizer) {
       auto opt = detail::share(std::forward<A>(a));
+      if (const auto repeats = detail::drop_repeated_parameters(*opt); repeats > 0 && is_main_process())
+        std::cerr << "accel: the optimizer listed " << repeats
+                  << " parameter(s) more than once (a tied parameter is in model->parameters() under each of"
+                     " its names); prepare() keeps the first listing, so each is stepped once per step, as in"
+                     " PyTorch.\n";
       registry_.add_optimizer(opt);
       typename detail::prepared_type<0, T>::type prepared(opt, state_);
       if constexpr (Shard::shards_optimizer_state) {  // steps this rank's partition only
@@ -16667,14 +16721,12 @@ class Accelerator {
     for (auto& g : opt.param_groups()) listed.push_back(g.params());
     const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
     for (const auto& model : registry_.models) {
-      std::vector<torch::Tensor> trainable;
-      for (auto& p : model->parameters())
-        if (p.requires_grad()) trainable.push_back(p);
+      const auto trainable = detail::trainable_parameters(*model);
       const auto group_of = shard::detail::groups_of(trainable, listed);
       if (std::find(group_of.begin(), group_of.end(), -1) != group_of.end() || trainable.empty()) continue;
-      auto keys = group_of;
-      if constexpr (shards_parameters_v<Shard>) keys = shard::detail::bucket_keys(group_of, shard::detail::units_of(*model, trainable));
-      const auto plan = shard::detail::plan_buckets(trainable, bucket_bytes, keys);
+      std::optional<shard::detail::ParameterUnits> units;
+      if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*model, trainable);
+      const auto plan = shard::detail::zero_plan(trainable, bucket_bytes, group_of, units);
       return shard::detail::parameter_layout(trainable, plan, group_of, listed);
     }
     return {};  // not one model's trainable parameters: load_state cannot re-partition it
@@ -16686,11 +16738,9 @@ class Accelerator {
     module->to(state_->device);
     std::shared_ptr<shard::detail::GradientSync> sync;
     if (state_->comm->size() > 1) {
-      broadcast_from_main(module->parameters());
+      broadcast_from_main(detail::unique_tensors(module->parameters()));
       broadcast_from_main(module->buffers());
-      std::vector<torch::Tensor> trainable;
-      for (auto& p : module->parameters())
-        if (p.requires_grad()) trainable.push_back(p);
+      auto trainable = detail::trainable_parameters(*module);
       const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
       auto sync_now = detail::TrainingState::sync_flag(state_);
       if constexpr (Shard::shards_optimizer_state) {
@@ -16831,15 +16881,17 @@ class Accelerator {
           for (auto* g : gathers) g->release_all();
         }
       } release{gathers};
+      const auto keep_loaded = [&] {
+        if (loads)
+          for (auto* g : gathers) g->keep_written_values();
+      };
       for (auto* g : gathers) g->gather_all();
       if constexpr (std::is_void_v<decltype(fn())>) {
         fn();
-        if (loads)
-          for (auto* g : gathers) g->keep_written_values();
+        keep_loaded();
       } else {
         auto result = fn();
-        if (loads)
-          for (auto* g : gathers) g->keep_written_values();
+        keep_loaded();
         return result;
       }
     }

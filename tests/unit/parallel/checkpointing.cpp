@@ -13,6 +13,7 @@
 #include "catch.hpp"
 
 #include "paths.hpp"
+#include "whole_parameters.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -54,8 +55,7 @@ void train_checkpointed(std::string out, int micro_steps, int64_t per_rank_batch
                                " bucket all-reduces started during backward, expected " +
                                std::to_string(expected));
   }
-  std::vector<torch::Tensor> params;
-  for (auto& p : model->parameters()) params.push_back(p.detach().clone());
+  auto params = accel_test::whole_parameters(acc, m, out + "_model");
   torch::save(params, out + "_" + std::to_string(acc.process_index()) + ".pt");
 }
 
@@ -79,14 +79,17 @@ TEST_CASE("W with every layer checkpointed on 2 Gloo processes equals one proces
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(300);
   // 10 steps of global batch 64: 32 rows per rank; then with accumulate():
-  // 20 micro-steps of 16 rows per rank, 2 per step; then ZeRO-2. All
-  // launches before the reference, which runs backward() in this process.
-  using accel::shard::Replicate, accel::shard::ShardGradients;
+  // 20 micro-steps of 16 rows per rank, 2 per step; then ZeRO-2 and ZeRO-3
+  // (the model is not a Sequential, so ZeRO-3 gathers it whole for forward
+  // and recomputation must find the gathered parameters). All launches
+  // before the reference, which runs backward() in this process.
+  using accel::shard::Replicate, accel::shard::ShardGradients, accel::shard::ShardParameters;
   accel::notebook_launcher(train_checkpointed<Replicate>, std::make_tuple(out + "_plain", 10, int64_t{32}, 1), lo);
   accel::notebook_launcher(train_checkpointed<Replicate>, std::make_tuple(out + "_accum", 20, int64_t{16}, 2), lo);
   accel::notebook_launcher(train_checkpointed<ShardGradients>, std::make_tuple(out + "_zero2", 10, int64_t{32}, 1), lo);
+  accel::notebook_launcher(train_checkpointed<ShardParameters>, std::make_tuple(out + "_zero3", 10, int64_t{32}, 1), lo);
   const auto reference = workload::reference_parameters(10);  // no checkpointing
-  for (const char* run : {"_plain", "_accum", "_zero2"}) {
+  for (const char* run : {"_plain", "_accum", "_zero2", "_zero3"}) {
     INFO("run " << run);
     check_equivalent(out + run, reference);
   }

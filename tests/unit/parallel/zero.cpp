@@ -319,3 +319,98 @@ TEST_CASE("A sharded model's parameter that changes its shape after prepare() is
   require_refused(parameter_changes_shape,
                   "parameter 0 of a sharded model changed its shape from [3, 4] to [3, 5]");
 }
+
+namespace {
+/// A Linear whose weight is another layer's (tied, as an embedding and the
+/// output layer of a language model): in model->parameters() twice.
+struct TiedLinearImpl : torch::nn::Module {
+  torch::Tensor weight, bias;
+  explicit TiedLinearImpl(const torch::Tensor& shared)
+      : weight(register_parameter("weight", shared)),
+        bias(register_parameter("bias", torch::full({shared.size(0)}, 0.01))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+};
+TORCH_MODULE(TiedLinear);
+
+/// Units 2 and 4 compute with the same weight.
+torch::nn::Sequential tied_model() {
+  torch::manual_seed(1);
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Linear(784, 64));
+  seq->push_back(torch::nn::ReLU());
+  torch::nn::Linear shared(64, 64);
+  seq->push_back(shared);
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(TiedLinear(shared->weight));
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(torch::nn::Linear(64, 10));
+  return seq;
+}
+
+/// The optimizer gets model->parameters() as users write it, the tied
+/// weight listed twice; rank r saves the named parameters, tie included.
+template <class Shard>
+void train_tied(std::string out) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.bucket_cap_mb = 0.05});  // several buckets, some cutting a unit
+  auto model = tied_model();
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto loader = accel::data::make_data_loader(workload::Dataset(workload::make_data()),
+                                              accel::data::LoaderOptions{.batch_size = 32, .shuffle = false});
+  auto [m, opt, dl] = acc.prepare(model, adam, loader);
+  int step = 0;
+  for (auto& batch : dl) {
+    if (step++ == 20) break;
+    acc.backward(torch::cross_entropy_loss(m(batch.data), batch.target));
+    acc.clip_grad_norm_(m, 1.0);  // the tied gradient counted once in the norm
+    opt.step();
+    opt.zero_grad();
+  }
+  torch::save(accel_test::whole_parameters(acc, m, out + "_model"), out + "_" + std::to_string(acc.process_index()) + ".pt");
+}
+
+/// The same 20 steps in plain LibTorch on one process, the tie listed once.
+std::vector<torch::Tensor> tied_reference() {
+  auto data = workload::make_data();
+  auto model = tied_model();
+  auto params = model->parameters();
+  params.erase(params.begin() + 4);  // 4.weight is 2.weight
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+  for (int64_t b = 0; b < 20; ++b) {
+    adam.zero_grad();
+    torch::cross_entropy_loss(model->forward(data.x.narrow(0, 64 * b, 64)), data.y.narrow(0, 64 * b, 64)).backward();
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
+    adam.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("A tied parameter is stepped once: Replicate and ZeRO-1, 2 and 3 equal one process",
+          "[parallel][gloo][zero][tied]") {
+  using namespace accel::shard;
+  const auto out = scratch("zero_tied").string();
+  accel::LaunchOptions lo;
+  lo.num_processes = 2;
+  lo.master_port = 0;
+  lo.timeout = std::chrono::seconds(300);
+  accel::notebook_launcher(train_tied<Replicate>, std::make_tuple(out + "_replicate"), lo);
+  accel::notebook_launcher(train_tied<ShardOptimizer>, std::make_tuple(out + "_zero1"), lo);
+  accel::notebook_launcher(train_tied<ShardGradients>, std::make_tuple(out + "_zero2"), lo);
+  accel::notebook_launcher(train_tied<ShardParameters>, std::make_tuple(out + "_zero3"), lo);
+  const auto reference = tied_reference();  // after the launches: it runs backward() here
+  REQUIRE(reference.size() == 8);
+  for (const char* run : {"_replicate", "_zero1", "_zero2", "_zero3"}) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<torch::Tensor> got;
+      torch::load(got, out + run + "_" + std::to_string(r) + ".pt");
+      REQUIRE(got.size() == 8);
+      const double diff = workload::max_abs_diff(got, reference);
+      INFO(run << ", rank " << r << ": max |2 processes - one process| = " << diff);
+      CHECK(diff <= 1e-5);
+      CHECK(torch::equal(got[2], got[4]));  // still one tensor
+    }
+  }
+}

@@ -62,22 +62,29 @@ inline void write_value(torch::serialize::OutputArchive& out, const std::string&
 /// where they name optimizer states: keys directly under "state" and string
 /// values under "params".
 inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                         bool decimal_addresses = false, const std::string& parent = "") {
-  for (const std::string& key : in.keys()) {
-    torch::serialize::InputArchive sub;
-    if (in.try_read(key, sub)) {
-      torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_archive(sub, copy, decimal_addresses, key);
-      const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
-      out.write(rename ? decimal_address(key) : key, copy);
-      continue;
-    }
-    auto v = read_value(in, key);
-    if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
-        is_hex_address(v.value.toStringRef()))
-      v.value = c10::IValue(decimal_address(v.value.toStringRef()));
-    write_value(out, key, v);
+                         bool decimal_addresses = false, const std::string& parent = "");
+
+/// Copies entry `key` of `in` (a sub-archive or a value), as copy_archive does.
+inline void copy_entry(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                       const std::string& key, bool decimal_addresses = false, const std::string& parent = "") {
+  torch::serialize::InputArchive sub;
+  if (in.try_read(key, sub)) {
+    torch::serialize::OutputArchive copy(out.compilation_unit());
+    copy_archive(sub, copy, decimal_addresses, key);
+    const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
+    out.write(rename ? decimal_address(key) : key, copy);
+    return;
   }
+  auto v = read_value(in, key);
+  if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
+      is_hex_address(v.value.toStringRef()))
+    v.value = c10::IValue(decimal_address(v.value.toStringRef()));
+  write_value(out, key, v);
+}
+
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses, const std::string& parent) {
+  for (const std::string& key : in.keys()) copy_entry(in, out, key, decimal_addresses, parent);
 }
 
 /// True when `in` is an optimizer archive whose state keys are 1.13's hex.

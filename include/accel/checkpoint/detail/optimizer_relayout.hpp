@@ -176,17 +176,8 @@ inline torch::serialize::InputArchive relayout_optimizer(const std::vector<Saved
   }
   // Everything else as the first archive has it (LibTorch's format version,
   // accel's group options).
-  for (const auto& key : first.keys()) {
-    if (key == "state" || key == "param_groups") continue;
-    torch::serialize::InputArchive sub;
-    if (first.try_read(key, sub)) {
-      torch::serialize::OutputArchive copy(out.compilation_unit());
-      copy_archive(sub, copy);
-      out.write(key, copy);
-    } else {
-      write_value(out, key, read_value(first, key));
-    }
-  }
+  for (const auto& key : first.keys())
+    if (key != "state" && key != "param_groups") copy_entry(first, out, key);
   out.write("state", states);
   out.write("param_groups", groups);
   std::stringstream bytes;

@@ -75,7 +75,6 @@ class OptimizerPartition {
 class ParameterGather {
  public:
   virtual ~ParameterGather() = default;
-  virtual std::size_t num_units() const = 0;
   /// Makes unit u's parameters (and any tied parameter it uses) whole.
   virtual void gather_unit(std::size_t u) = 0;
   /// Frees what gather_unit(u) made whole.

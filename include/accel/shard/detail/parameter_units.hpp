@@ -6,10 +6,14 @@
 #define ACCEL_SHARD_DETAIL_PARAMETER_UNITS_HPP
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include <accel/shard/detail/bucket_plan.hpp>
 
 namespace accel::shard::detail {
 
@@ -40,13 +44,17 @@ inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector
   return units;
 }
 
-/// The key plan_buckets groups by: a bucket holds one optimizer group's
-/// parameters of one unit, so that a unit is gathered by whole buckets.
-inline std::vector<int> bucket_keys(const std::vector<int>& group_of, const ParameterUnits& units) {
+/// The buckets of a sharded model: one optimizer group's parameters each
+/// and, under ZeRO-3 (units given), one unit's, so that a unit is gathered by
+/// whole buckets. The reducer and load_state's one-process layout both use
+/// this, so a checkpoint's buckets match on any number of processes.
+inline BucketPlan zero_plan(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                            const std::vector<int>& group_of, const std::optional<ParameterUnits>& units) {
+  if (!units) return plan_buckets(params, bucket_bytes, group_of);
   std::vector<int> keys(group_of.size());
-  const auto n = static_cast<int>(units.uses.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) keys[k] = group_of[k] * n + units.owner[k];
-  return keys;
+  const auto n = static_cast<int>(units->uses.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) keys[k] = group_of[k] * n + units->owner[k];
+  return plan_buckets(params, bucket_bytes, keys);
 }
 
 }  // namespace accel::shard::detail

@@ -68,7 +68,7 @@ class ZeroReducer final : public GradientSync,
         shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
         rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
-        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients ? 2u : 0u},
+        round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients_ ? 2u : 0u},
                std::move(hook)) {
     for (std::size_t k = 0; k < params_.size(); ++k) index_[params_[k].unsafeGetTensorImpl()] = k;
     build_layout(std::vector<int>(params_.size(), 0));
@@ -174,7 +174,6 @@ class ZeroReducer final : public GradientSync,
 
   // ZeRO-3 (ParameterGather).
   ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
-  std::size_t num_units() const override { return unit_buckets_.size(); }
   void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
   void release_unit(std::size_t u) override {
     for (auto b : unit_buckets_.at(u)) release(b);
@@ -260,7 +259,7 @@ class ZeroReducer final : public GradientSync,
     if (units_ && !buckets_.empty()) gather_all();  // the new buckets take the parameters' values
     torch::NoGradGuard no_grad;
     group_of_ = group_of;
-    plan_ = plan_buckets(params_, bucket_bytes_, units_ ? bucket_keys(group_of, *units_) : group_of);
+    plan_ = zero_plan(params_, bucket_bytes_, group_of, units_);
     std::vector<Bucket> buckets;
     for (std::size_t i = 0; i < plan_.size(); ++i) {
       const auto& members = plan_.buckets[i];
