@@ -50,12 +50,19 @@ namespace accel {
 
 namespace detail {
 
-/// Each tensor once, in the order first seen. LibTorch's parameters() lists
-/// a tied (shared) parameter under each of its names; Python's lists it once,
-/// and reducers, clipping and the optimizer must count it once.
+/// Erases from ts the tensors already in seen, keeping the first listing of
+/// each (and adding it to seen); returns how many it erased. LibTorch's
+/// parameters() lists a tied (shared) parameter under each of its names;
+/// Python's lists it once, and reducers, clipping and the optimizer must
+/// count it once.
+inline std::size_t erase_repeats(std::vector<torch::Tensor>& ts, std::unordered_set<const c10::TensorImpl*>& seen) {
+  return std::erase_if(ts, [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+}
+
+/// Each tensor once, in the order first seen.
 inline std::vector<torch::Tensor> unique_tensors(std::vector<torch::Tensor> ts) {
   std::unordered_set<const c10::TensorImpl*> seen;
-  std::erase_if(ts, [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  erase_repeats(ts, seen);
   return ts;
 }
 
@@ -82,8 +89,7 @@ inline std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& 
 inline std::size_t drop_repeated_parameters(torch::optim::Optimizer& opt) {
   std::unordered_set<const c10::TensorImpl*> seen;
   std::size_t removed = 0;
-  for (auto& g : opt.param_groups())
-    removed += std::erase_if(g.params(), [&](const torch::Tensor& t) { return !seen.insert(t.unsafeGetTensorImpl()).second; });
+  for (auto& g : opt.param_groups()) removed += erase_repeats(g.params(), seen);
   return removed;
 }
 }  // namespace detail

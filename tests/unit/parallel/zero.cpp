@@ -12,6 +12,7 @@
 
 #include "paths.hpp"
 #include "whole_parameters.hpp"
+#include "workers.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -392,10 +393,7 @@ TEST_CASE("A tied parameter is stepped once: Replicate and ZeRO-1, 2 and 3 equal
           "[parallel][gloo][zero][tied]") {
   using namespace accel::shard;
   const auto out = scratch("zero_tied").string();
-  accel::LaunchOptions lo;
-  lo.num_processes = 2;
-  lo.master_port = 0;
-  lo.timeout = std::chrono::seconds(300);
+  const auto lo = accel_test::local_processes(2, std::chrono::seconds(300));
   accel::notebook_launcher(train_tied<Replicate>, std::make_tuple(out + "_replicate"), lo);
   accel::notebook_launcher(train_tied<ShardOptimizer>, std::make_tuple(out + "_zero1"), lo);
   accel::notebook_launcher(train_tied<ShardGradients>, std::make_tuple(out + "_zero2"), lo);
