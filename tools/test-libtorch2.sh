@@ -9,6 +9,8 @@
 #        tools/test-libtorch2.sh --shell      a shell in the chroot's tree
 #        tools/test-libtorch2.sh --prepare    only the chroot and its packages
 #          (network and disk: CI runs it while the first leg compiles)
+#        tools/test-libtorch2.sh --build      the chroot, its packages and the
+#          build, no tests (CI builds while the first leg's tests run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 root=${ACCEL_TRIXIE_ROOT:-/var/cache/accel/trixie}
@@ -59,6 +61,7 @@ what=suite
 case "${1:-}" in
   --shell) inner='cd /work/accel && exec bash -i'; shift ;;
   --prepare) inner='cd /work/accel && ./tools/setup.sh'; what=preparation; shift ;;
+  --build) inner='cd /work/accel && ./tools/setup.sh && ACCEL_TEST_BUILD_ONLY=1 ./tools/test.sh /work/build'; what=build; shift ;;
 esac
 set +e
 unshare --mount --propagation private -- bash -c '
