@@ -77,12 +77,30 @@ inline std::optional<torch::ScalarType> to_torch_dtype(std::string_view d) {
   return std::nullopt;
 }
 
-/// True when a and b are the same view of the same memory (a tied weight),
+/// True when a and b are the same view of the same storage (a tied weight),
 /// which is what is saved once. Empty tensors never count: they own no bytes.
+/// The storage's identity, not its address: under shard::ShardParameters a
+/// parameter may have no memory behind it until it is read.
 inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.numel() > 0 && a.has_storage() && b.has_storage() && a.data_ptr() == b.data_ptr() &&
-         a.device() == b.device() && a.scalar_type() == b.scalar_type() &&
+  return a.numel() > 0 && a.has_storage() && b.has_storage() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type() &&
          a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+/// Per entry: the index of the earlier entry it is the same view of (stored
+/// once, there), or the entry's own index.
+inline std::vector<std::size_t> stored_as(const NamedTensors& tensors) {
+  std::vector<std::size_t> out(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    out[i] = i;
+    for (std::size_t j = 0; j < i; ++j)
+      if (out[j] == j && same_view(tensors[j].second, tensors[i].second)) {
+        out[i] = j;
+        break;
+      }
+  }
+  return out;
 }
 
 }  // namespace detail
@@ -94,6 +112,8 @@ inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
 /// under kTiedPrefix, so load_safetensors returns one shared tensor for both.
 /// metadata gets "format": "pt" unless it sets "format" itself. With
 /// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
+/// Each tensor is copied to CPU just before it is written: a GPU model costs
+/// host memory for one tensor at a time, not for all of them.
 /// Returns the XXH64 of the data buffer.
 inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                                       const std::map<std::string, std::string>& metadata = {},
@@ -110,10 +130,11 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   }
 
   std::set<std::string> names;
-  std::vector<torch::Tensor> stored;  // CPU, contiguous, in file order
-  std::vector<std::pair<std::string, const torch::Tensor*>> originals;
+  std::vector<const torch::Tensor*> stored;  // in file order
+  const auto stored_index = detail::stored_as(tensors);
   std::uint64_t offset = 0;
-  for (const auto& entry : tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& entry = tensors[i];
     // Named references, not a structured binding: lambdas below capture them
     // (clang 14 cannot capture structured bindings).
     const std::string& name = entry.first;
@@ -132,21 +153,16 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
                 "' has dtype ", tensor.scalar_type(),
                 ", which safetensors cannot hold here. Convert it to one of float64, float32, "
                 "float16, bfloat16, int64, int32, int16, int8, uint8, bool.");
-    const auto tied = std::find_if(originals.begin(), originals.end(), [&](const auto& o) {
-      return detail::same_view(*o.second, tensor);
-    });
-    if (tied != originals.end()) {
-      meta[std::string(kTiedPrefix) + name] = tied->first;
+    if (stored_index[i] != i) {
+      meta[std::string(kTiedPrefix) + name] = tensors[stored_index[i]].first;
       continue;
     }
-    originals.emplace_back(name, &tensor);
-    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
-    const auto bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+    const auto bytes = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
     header[name] = {{"dtype", *dtype},
-                    {"shape", t.sizes().vec()},
+                    {"shape", tensor.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    stored.push_back(std::move(t));
+    stored.push_back(&tensor);
   }
   // A placeholder of the digest's width, filled in once the data is written.
   const std::string placeholder(16, '0');
@@ -162,7 +178,8 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
   ckpt::detail::Xxh64 data_hash;
-  for (const torch::Tensor& t : stored) {
+  for (const torch::Tensor* tensor : stored) {
+    const torch::Tensor t = tensor->detach().to(torch::kCPU).contiguous();
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);
     file.write(t.data_ptr(), bytes);
