@@ -15,7 +15,9 @@
 // steps and its peak during the steps (ZeRO-3: chunks plus gathered units).
 // "sent" is what the rank hands to the collectives per step
 // (runtime::CountingCommunicator: the tensor of an all-reduce, the input of
-// an all-gather or reduce-scatter).
+// an all-gather or reduce-scatter). ShardParameters runs twice: gathering
+// each unit when it computes, and with prefetch_parameters (the next unit's
+// all-gather started while the current one computes).
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/runtime/counting_communicator.hpp>
@@ -54,9 +56,10 @@ struct CountingGloo : accel::backend::Gloo {
 };
 
 template <class Shard>
-void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batch) {
+void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batch, bool prefetch) {
   const double entry_rss = rss_mb();
-  accel::Accelerator<CountingGloo, accel::precision::Fp32, Shard> acc;
+  accel::Accelerator<CountingGloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.prefetch_parameters = prefetch});
   auto& counting = dynamic_cast<accel::runtime::CountingCommunicator&>(acc.communicator());
   torch::manual_seed(1);
   torch::nn::Sequential model;
@@ -114,13 +117,14 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
 }
 
 template <class Shard>
-void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch, int processes) {
-  const std::string out = "/tmp/zero_memory_" + std::string(name) + "_" + std::to_string(::getpid());
+void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch, int processes,
+         bool prefetch = false) {
+  const std::string out = "/tmp/zero_memory_" + std::to_string(::getpid());
   accel::LaunchOptions lo;
   lo.num_processes = processes;
   lo.master_port = 0;
   lo.timeout = std::chrono::seconds(1800);
-  accel::notebook_launcher(worker<Shard>, std::make_tuple(out, hidden, layers, steps, batch), lo);
+  accel::notebook_launcher(worker<Shard>, std::make_tuple(out, hidden, layers, steps, batch, prefetch), lo);
   for (int r = 0; r < processes; ++r) {
     std::ifstream f(out + "_" + std::to_string(r) + ".txt");
     double params = 0, peak = 0, step = 0, state = 0, grads = 0, held = 0, held_peak = 0, sent = 0;
@@ -146,4 +150,5 @@ int main(int argc, char** argv) {
   run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch, processes);
   run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch, processes);
   run<accel::shard::ShardParameters>("ShardParameters", hidden, layers, steps, batch, processes);
+  run<accel::shard::ShardParameters>("ShardParameters, prefetch", hidden, layers, steps, batch, processes, true);
 }

@@ -161,7 +161,9 @@ def collect():
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
             for m in re.finditer(r'"accel: ', text):
-                if in_comment(text, m.start()) or "CLI::App" in line_of(text, m.start()):
+                here = line_of(text, m.start())
+                # Profiling span names ("accel: ..." in a trace) are labels, not messages.
+                if in_comment(text, m.start()) or "CLI::App" in here or "Span" in here:
                     continue
                 msg, _ = extract(text, m.start())
                 if not re.sub(r"<[^>]*>", "", msg[len("accel: "):]).strip(" .:"):

@@ -610,7 +610,7 @@ class Accelerator {
         if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook(), std::move(units));
+            make_comm_hook(), std::move(units), prefetch_parameters());
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
@@ -659,10 +659,16 @@ class Accelerator {
     }
   }
 
+  // Communication overlaps computation where it does not take the CPU from
+  // it: on CUDA, and on CPU when each local process has a core to spare.
+  bool communication_can_overlap() const {
+    return state_->device.is_cuda() || detail::available_cores() > std::max(1, env_.local_world_size);
+  }
   bool overlap_gradient_sync() const {
-    if (options_.overlap_gradient_sync) return *options_.overlap_gradient_sync;
-    return state_->device.is_cuda() ||
-           detail::available_cores() > std::max(1, env_.local_world_size);
+    return options_.overlap_gradient_sync.value_or(communication_can_overlap());
+  }
+  bool prefetch_parameters() const {
+    return options_.prefetch_parameters.value_or(communication_can_overlap());
   }
 
   void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {

@@ -49,6 +49,10 @@ struct AcceleratorOptions {
   /// spare (cores / local processes > 1); on fewer cores the all-reduce only
   /// takes CPU time from backward (bench/README.md).
   std::optional<bool> overlap_gradient_sync{};
+  /// shard::ShardParameters: start all-gathering the next unit's parameters
+  /// while the current unit computes (forward and backward), holding two
+  /// units whole instead of one. Unset: as overlap_gradient_sync.
+  std::optional<bool> prefetch_parameters{};
   GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N

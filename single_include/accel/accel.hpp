@@ -189,6 +189,10 @@ struct AcceleratorOptions {
   /// spare (cores / local processes > 1); on fewer cores the all-reduce only
   /// takes CPU time from backward (bench/README.md).
   std::optional<bool> overlap_gradient_sync{};
+  /// shard::ShardParameters: start all-gathering the next unit's parameters
+  /// while the current unit computes (forward and backward), holding two
+  /// units whole instead of one. Unset: as overlap_gradient_sync.
+  std::optional<bool> prefetch_parameters{};
   GradScalerOptions grad_scaler{};         ///< precision::Fp16 only
   std::optional<std::string> file_store{};   ///< rendezvous through a c10d FileStore at this path instead of TCP
   bool automatic_checkpoint_naming = false;  ///< save_state() -> project_dir/checkpoints/checkpoint_N
@@ -6647,12 +6651,30 @@ inline std::optional<torch::ScalarType> to_torch_dtype(std::string_view d) {
   return std::nullopt;
 }
 
-/// True when a and b are the same view of the same memory (a tied weight),
+/// True when a and b are the same view of the same storage (a tied weight),
 /// which is what is saved once. Empty tensors never count: they own no bytes.
+/// The storage's identity, not its address: under shard::ShardParameters a
+/// parameter may have no memory behind it until it is read.
 inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.numel() > 0 && a.has_storage() && b.has_storage() && a.data_ptr() == b.data_ptr() &&
-         a.device() == b.device() && a.scalar_type() == b.scalar_type() &&
+  return a.numel() > 0 && a.has_storage() && b.has_storage() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type() &&
          a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+/// Per entry: the index of the earlier entry it is the same view of (stored
+/// once, there), or the entry's own index.
+inline std::vector<std::size_t> stored_as(const NamedTensors& tensors) {
+  std::vector<std::size_t> out(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    out[i] = i;
+    for (std::size_t j = 0; j < i; ++j)
+      if (out[j] == j && same_view(tensors[j].second, tensors[i].second)) {
+        out[i] = j;
+        break;
+      }
+  }
+  return out;
 }
 
 }  // namespace detail
@@ -6664,6 +6686,8 @@ inline bool same_view(const torch::Tensor& a, const torch::Tensor& b) {
 /// under kTiedPrefix, so load_safetensors returns one shared tensor for both.
 /// metadata gets "format": "pt" unless it sets "format" itself. With
 /// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
+/// Each tensor is copied to CPU just before it is written: a GPU model costs
+/// host memory for one tensor at a time, not for all of them.
 /// Returns the XXH64 of the data buffer.
 inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                                       const std::map<std::string, std::string>& metadata = {},
@@ -6680,10 +6704,11 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   }
 
   std::set<std::string> names;
-  std::vector<torch::Tensor> stored;  // CPU, contiguous, in file order
-  std::vector<std::pair<std::string, const torch::Tensor*>> originals;
+  std::vector<const torch::Tensor*> stored;  // in file order
+  const auto stored_index = detail::stored_as(tensors);
   std::uint64_t offset = 0;
-  for (const auto& entry : tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& entry = tensors[i];
     // Named references, not a structured binding: lambdas below capture them
     // (clang 14 cannot capture structured bindings).
     const std::string& name = entry.first;
@@ -6702,21 +6727,16 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
                 "' has dtype ", tensor.scalar_type(),
                 ", which safetensors cannot hold here. Convert it to one of float64, float32, "
                 "float16, bfloat16, int64, int32, int16, int8, uint8, bool.");
-    const auto tied = std::find_if(originals.begin(), originals.end(), [&](const auto& o) {
-      return detail::same_view(*o.second, tensor);
-    });
-    if (tied != originals.end()) {
-      meta[std::string(kTiedPrefix) + name] = tied->first;
+    if (stored_index[i] != i) {
+      meta[std::string(kTiedPrefix) + name] = tensors[stored_index[i]].first;
       continue;
     }
-    originals.emplace_back(name, &tensor);
-    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
-    const auto bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+    const auto bytes = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
     header[name] = {{"dtype", *dtype},
-                    {"shape", t.sizes().vec()},
+                    {"shape", tensor.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    stored.push_back(std::move(t));
+    stored.push_back(&tensor);
   }
   // A placeholder of the digest's width, filled in once the data is written.
   const std::string placeholder(16, '0');
@@ -6732,7 +6752,8 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   file.write(prefix, sizeof prefix);
   file.write(text.data(), text.size());
   ckpt::detail::Xxh64 data_hash;
-  for (const torch::Tensor& t : stored) {
+  for (const torch::Tensor* tensor : stored) {
+    const torch::Tensor t = tensor->detach().to(torch::kCPU).contiguous();
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);
     file.write(t.data_ptr(), bytes);
@@ -15019,18 +15040,24 @@ namespace accel::shard::detail {
 /// and when its gradients are handed to the reduce-scatter. The parameters
 /// keep pointing into the flat storage, so autograd's saved references to
 /// them see the values again once the unit is gathered for its backward.
+/// With prefetch, gathering a unit also starts the all-gather of the next
+/// unit that has parameters (the previous one in backward), so that it runs
+/// while this unit computes; then two units are whole at a time.
 class ZeroReducer final : public GradientSync,
                           public OptimizerPartition,
                           public ParameterGather,
                           private BucketReduction {
  public:
   /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
-  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients).
+  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients); prefetch:
+  /// ZeRO-3 gathers one unit ahead.
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
               int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
-              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt)
+              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt,
+              bool prefetch = false)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
+        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)),
+        prefetch_(prefetch && units_.has_value()), world_(comm_->size()),
         rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients_ ? 2u : 0u},
@@ -15139,7 +15166,12 @@ class ZeroReducer final : public GradientSync,
 
   // ZeRO-3 (ParameterGather).
   ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
-  void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
+  void gather_unit(std::size_t u) override {
+    make_whole(unit_buckets_.at(u));
+    if (prefetch_)
+      for (auto v = u + 1; v < unit_buckets_.size(); ++v)
+        if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
+  }
   void release_unit(std::size_t u) override {
     for (auto b : unit_buckets_.at(u)) release(b);
   }
@@ -15151,6 +15183,9 @@ class ZeroReducer final : public GradientSync,
       for (auto b : unit_buckets_[v])
         if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
     make_whole(mine);
+    if (prefetch_)
+      for (auto v = u; v-- > 0;)
+        if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
   }
   void gather_all() override {
     std::vector<std::size_t> all(buckets_.size());
@@ -15217,7 +15252,8 @@ class ZeroReducer final : public GradientSync,
     std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
-    bool whole = true;    ///< flat's storage holds the parameters (ZeRO-3: only while gathered)
+    bool whole = true;    ///< flat has storage (ZeRO-3: only while gathered or gathering)
+    std::shared_ptr<runtime::Work> gathering;  ///< ZeRO-3: its all-gather, until waited for
   };
 
   void build_layout(const std::vector<int>& group_of) {
@@ -15270,26 +15306,37 @@ class ZeroReducer final : public GradientSync,
     reset_peak_parameter_bytes();
   }
 
-  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
-  // all-gathers every rank's chunk into it.
+  // ZeRO-3: buckets bs hold the parameters when this returns.
   void make_whole(const std::vector<std::size_t>& bs) {
-    std::vector<std::shared_ptr<runtime::Work>> works;
-    {
-      profiling::Span span("accel: all-gather parameters", "accel.comm");
-      torch::NoGradGuard no_grad;
-      for (auto i : bs) {
-        auto& b = buckets_[i];
-        if (b.whole) continue;
-        auto* storage = b.flat.storage().unsafeGetStorageImpl();
-        const auto bytes = b.flat.nbytes();
-        storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-        storage->set_nbytes(bytes);
-        b.whole = true;
-        works.push_back(comm_->all_gather(b.flat, b.shard.detach()));
-      }
-      for (auto& w : works) w->wait();
+    start_gathers(bs);
+    profiling::Span span("accel: wait for parameters", "accel.comm");
+    for (auto i : bs) finish_gather(i);
+  }
+
+  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
+  // starts all-gathering every rank's chunk into it.
+  void start_gathers(const std::vector<std::size_t>& bs) {
+    profiling::Span span("accel: all-gather parameters", "accel.comm");
+    torch::NoGradGuard no_grad;
+    for (auto i : bs) {
+      auto& b = buckets_[i];
+      if (b.whole) continue;
+      auto* storage = b.flat.storage().unsafeGetStorageImpl();
+      const auto bytes = b.flat.nbytes();
+      storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+      storage->set_nbytes(bytes);
+      b.whole = true;
+      b.gathering = comm_->all_gather(b.flat, b.shard.detach());
     }
     peak_parameter_bytes_ = std::max(peak_parameter_bytes_, parameter_bytes());
+  }
+
+  void finish_gather(std::size_t i) {
+    auto& b = buckets_[i];
+    if (!b.gathering) return;
+    auto work = std::move(b.gathering);
+    b.gathering = nullptr;
+    work->wait();
   }
 
   // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
@@ -15297,6 +15344,7 @@ class ZeroReducer final : public GradientSync,
   void release(std::size_t i) {
     auto& b = buckets_[i];
     if (!units_ || !b.whole) return;
+    finish_gather(i);  // never free memory a collective still writes
     auto* storage = b.flat.storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, b.flat.device()));
     storage->set_nbytes(0);
@@ -15307,6 +15355,7 @@ class ZeroReducer final : public GradientSync,
   // (Tensor::set_): its values move back into the bucket, and the parameter
   // points there again, before the optimizer steps the bucket's chunk.
   void reattach_parameters() {
+    for (std::size_t i = 0; i < buckets_.size(); ++i) finish_gather(i);  // ZeRO-3: a prefetch may run
     torch::NoGradGuard no_grad;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       auto& p = params_[k];
@@ -15395,6 +15444,7 @@ class ZeroReducer final : public GradientSync,
   int64_t bucket_bytes_;
   bool shard_gradients_;
   std::optional<ParameterUnits> units_;             ///< ZeRO-3
+  bool prefetch_;                                   ///< ZeRO-3: gather one unit ahead
   std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
   int64_t peak_parameter_bytes_ = 0;
   int world_, rank_;
@@ -16754,7 +16804,7 @@ class Accelerator {
         if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook(), std::move(units));
+            make_comm_hook(), std::move(units), prefetch_parameters());
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {
@@ -16803,10 +16853,16 @@ class Accelerator {
     }
   }
 
+  // Communication overlaps computation where it does not take the CPU from
+  // it: on CUDA, and on CPU when each local process has a core to spare.
+  bool communication_can_overlap() const {
+    return state_->device.is_cuda() || detail::available_cores() > std::max(1, env_.local_world_size);
+  }
   bool overlap_gradient_sync() const {
-    if (options_.overlap_gradient_sync) return *options_.overlap_gradient_sync;
-    return state_->device.is_cuda() ||
-           detail::available_cores() > std::max(1, env_.local_world_size);
+    return options_.overlap_gradient_sync.value_or(communication_can_overlap());
+  }
+  bool prefetch_parameters() const {
+    return options_.prefetch_parameters.value_or(communication_can_overlap());
   }
 
   void prepare_gradients_for_clipping(const std::vector<torch::Tensor>& params) {

@@ -5,6 +5,7 @@
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -27,6 +28,7 @@ struct Run {
   double bucket_mb = 25.0;
   bool two_groups = false;  ///< first layer in its own parameter group with another learning rate
   bool small = false;       ///< a small MLP instead of W (3-process runs on a 2-core CI)
+  bool prefetch = false;    ///< ShardParameters gathers one unit ahead (unset would depend on the cores)
 };
 
 torch::nn::Sequential make_model(const Run& run) {
@@ -64,7 +66,8 @@ accel::shard::detail::ZeroReducer* zero_of(auto& prepared) {
 template <class Shard, class Precision>
 void train(std::string out, Run run) {
   accel::Accelerator<accel::backend::Gloo, Precision, Shard> acc(accel::AcceleratorOptions{
-      .gradient_accumulation_steps = run.accumulation, .bucket_cap_mb = run.bucket_mb});
+      .gradient_accumulation_steps = run.accumulation, .bucket_cap_mb = run.bucket_mb,
+      .prefetch_parameters = run.prefetch});
   auto model = make_model(run);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   auto params = model->parameters();
@@ -175,13 +178,21 @@ int64_t param_bytes(const Result& r) {
 
 /// Sharded runs end with Replicate's parameters on every rank; the state and
 /// gradient bytes per rank are what ZeRO's accounting predicts.
+/// with_prefetch: ShardParameters once more with prefetch, which must give
+/// the same parameters bit for bit and hold two units at most.
 template <class Precision = accel::precision::Fp32>
-void compare(int world, Run run, const std::string& tag) {
+void compare(int world, Run run, const std::string& tag, bool with_prefetch = false) {
   using namespace accel::shard;
   auto reference = launch<Replicate, Precision>(tag + "_replicate", world, run);
   auto zero1 = launch<ShardOptimizer, Precision>(tag + "_zero1", world, run);
   auto zero2 = launch<ShardGradients, Precision>(tag + "_zero2", world, run);
   auto zero3 = launch<ShardParameters, Precision>(tag + "_zero3", world, run);
+  std::vector<Result> prefetched;
+  if (with_prefetch) {
+    auto ahead = run;
+    ahead.prefetch = true;
+    prefetched = launch<ShardParameters, Precision>(tag + "_zero3_prefetch", world, ahead);
+  }
   for (const auto* zero : {&zero1, &zero2}) {
     REQUIRE((*zero)[0].saved_model.size() == reference[0].params.size());
     CHECK(workload::max_abs_diff((*zero)[0].saved_model, (*zero)[0].params) == 0);
@@ -189,10 +200,11 @@ void compare(int world, Run run, const std::string& tag) {
   REQUIRE(zero3[0].params.size() == reference[0].params.size());  // read from its save_model()
   const double full = static_cast<double>(param_bytes(reference[0]));
   // The models are Sequentials of Linear layers: unit i holds parameters 2i, 2i+1.
-  double largest_unit = 0;
+  std::vector<double> units;
   for (std::size_t i = 0; i + 1 < reference[0].params.size(); i += 2)
-    largest_unit = std::max(largest_unit, static_cast<double>(reference[0].params[i].nbytes() +
-                                                              reference[0].params[i + 1].nbytes()));
+    units.push_back(static_cast<double>(reference[0].params[i].nbytes() + reference[0].params[i + 1].nbytes()));
+  std::sort(units.rbegin(), units.rend());
+  const double largest_unit = units.at(0), two_largest_units = units.at(0) + units.at(1);
   const double padding = 4.0 * world * 8;  // at most world - 1 floats in each of at most 8 buckets
   for (int r = 0; r < world; ++r) {
     INFO("world " << world << ", rank " << r);
@@ -232,6 +244,14 @@ void compare(int world, Run run, const std::string& tag) {
     CHECK(zero3[r].peak_param_bytes >= full / world + largest_unit);
     CHECK(zero3[r].peak_param_bytes <= (full / world + largest_unit + padding) * 1.05);
     if (full / world + largest_unit + padding < full) CHECK(zero3[r].peak_param_bytes < full);
+    if (with_prefetch) {
+      const auto& p = prefetched[r];
+      INFO("with prefetch: peak parameter bytes " << p.peak_param_bytes);
+      CHECK(workload::max_abs_diff(p.params, zero3[r].params) == 0);
+      CHECK(p.param_bytes == zero3[r].param_bytes);
+      CHECK(p.peak_param_bytes > zero3[r].peak_param_bytes);  // the next unit arrived early
+      CHECK(p.peak_param_bytes <= (full / world + two_largest_units + padding) * 1.05);
+    }
   }
 }
 
@@ -245,12 +265,12 @@ TEST_CASE("ZeRO-1, 2 and 3 on 2 processes equal Replicate (W, Adam)",
   compare(2, run, "zero_w2");
 }
 
-TEST_CASE("ZeRO-1, 2 and 3 on 3 processes equal Replicate", "[parallel][gloo][zero]") {
+TEST_CASE("ZeRO-1, 2 and 3 on 3 processes equal Replicate, and ZeRO-3 with prefetch", "[parallel][gloo][zero]") {
   Run run;
   run.small = true;
   run.per_rank_batch = 21;
   run.bucket_mb = 0.25;
-  compare(3, run, "zero_s3");
+  compare(3, run, "zero_s3", /*with_prefetch=*/true);
 }
 
 TEST_CASE("ZeRO-1, 2 and 3 on 2 processes equal Replicate under Bf16",
@@ -258,7 +278,7 @@ TEST_CASE("ZeRO-1, 2 and 3 on 2 processes equal Replicate under Bf16",
   Run run;
   run.small = true;
   run.bucket_mb = 0.25;
-  compare<accel::precision::Bf16>(2, run, "zero_bf16");
+  compare<accel::precision::Bf16>(2, run, "zero_bf16", /*with_prefetch=*/true);
 }
 
 TEST_CASE("Sharding with gradient accumulation, clipping and two parameter groups",

@@ -54,18 +54,24 @@ namespace accel::shard::detail {
 /// and when its gradients are handed to the reduce-scatter. The parameters
 /// keep pointing into the flat storage, so autograd's saved references to
 /// them see the values again once the unit is gathered for its backward.
+/// With prefetch, gathering a unit also starts the all-gather of the next
+/// unit that has parameters (the previous one in backward), so that it runs
+/// while this unit computes; then two units are whole at a time.
 class ZeroReducer final : public GradientSync,
                           public OptimizerPartition,
                           public ParameterGather,
                           private BucketReduction {
  public:
   /// hook: how each bucket is averaged (null: comm::MeanHook); ZeRO-2 uses
-  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients).
+  /// its reduce_scatter. units: ZeRO-3 (needs shard_gradients); prefetch:
+  /// ZeRO-3 gathers one unit ahead.
   ZeroReducer(std::vector<torch::Tensor> params, std::shared_ptr<runtime::Communicator> comm,
               int64_t bucket_bytes, bool shard_gradients, std::shared_ptr<const bool> sync_now = nullptr,
-              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt)
+              std::shared_ptr<comm::Hook> hook = nullptr, std::optional<ParameterUnits> units = std::nullopt,
+              bool prefetch = false)
       : GradientSync(std::move(sync_now)), params_(std::move(params)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
-        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)), world_(comm_->size()),
+        shard_gradients_(shard_gradients || units.has_value()), units_(std::move(units)),
+        prefetch_(prefetch && units_.has_value()), world_(comm_->size()),
         rank_(comm_->rank()),
         // ZeRO-2 bounds its staging memory: at most two buckets in flight.
         round_(params_, *this, *this, RoundOptions{.overlap = true, .max_in_flight = shard_gradients_ ? 2u : 0u},
@@ -174,7 +180,12 @@ class ZeroReducer final : public GradientSync,
 
   // ZeRO-3 (ParameterGather).
   ParameterGather* parameter_gather() override { return units_ ? this : nullptr; }
-  void gather_unit(std::size_t u) override { make_whole(unit_buckets_.at(u)); }
+  void gather_unit(std::size_t u) override {
+    make_whole(unit_buckets_.at(u));
+    if (prefetch_)
+      for (auto v = u + 1; v < unit_buckets_.size(); ++v)
+        if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
+  }
   void release_unit(std::size_t u) override {
     for (auto b : unit_buckets_.at(u)) release(b);
   }
@@ -186,6 +197,9 @@ class ZeroReducer final : public GradientSync,
       for (auto b : unit_buckets_[v])
         if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
     make_whole(mine);
+    if (prefetch_)
+      for (auto v = u; v-- > 0;)
+        if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
   }
   void gather_all() override {
     std::vector<std::size_t> all(buckets_.size());
@@ -252,7 +266,8 @@ class ZeroReducer final : public GradientSync,
     std::vector<torch::Tensor> grad_views;  ///< ZeRO-1: each member's slice of grad (for hooks)
     torch::Tensor shard;  ///< chunk rank of flat: a leaf the optimizer steps
     torch::Tensor staging, received;  ///< ZeRO-2, while a reduce-scatter is in flight
-    bool whole = true;    ///< flat's storage holds the parameters (ZeRO-3: only while gathered)
+    bool whole = true;    ///< flat has storage (ZeRO-3: only while gathered or gathering)
+    std::shared_ptr<runtime::Work> gathering;  ///< ZeRO-3: its all-gather, until waited for
   };
 
   void build_layout(const std::vector<int>& group_of) {
@@ -305,26 +320,37 @@ class ZeroReducer final : public GradientSync,
     reset_peak_parameter_bytes();
   }
 
-  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
-  // all-gathers every rank's chunk into it.
+  // ZeRO-3: buckets bs hold the parameters when this returns.
   void make_whole(const std::vector<std::size_t>& bs) {
-    std::vector<std::shared_ptr<runtime::Work>> works;
-    {
-      profiling::Span span("accel: all-gather parameters", "accel.comm");
-      torch::NoGradGuard no_grad;
-      for (auto i : bs) {
-        auto& b = buckets_[i];
-        if (b.whole) continue;
-        auto* storage = b.flat.storage().unsafeGetStorageImpl();
-        const auto bytes = b.flat.nbytes();
-        storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-        storage->set_nbytes(bytes);
-        b.whole = true;
-        works.push_back(comm_->all_gather(b.flat, b.shard.detach()));
-      }
-      for (auto& w : works) w->wait();
+    start_gathers(bs);
+    profiling::Span span("accel: wait for parameters", "accel.comm");
+    for (auto i : bs) finish_gather(i);
+  }
+
+  // ZeRO-3: allocates the flat storage of the buckets that are not whole and
+  // starts all-gathering every rank's chunk into it.
+  void start_gathers(const std::vector<std::size_t>& bs) {
+    profiling::Span span("accel: all-gather parameters", "accel.comm");
+    torch::NoGradGuard no_grad;
+    for (auto i : bs) {
+      auto& b = buckets_[i];
+      if (b.whole) continue;
+      auto* storage = b.flat.storage().unsafeGetStorageImpl();
+      const auto bytes = b.flat.nbytes();
+      storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+      storage->set_nbytes(bytes);
+      b.whole = true;
+      b.gathering = comm_->all_gather(b.flat, b.shard.detach());
     }
     peak_parameter_bytes_ = std::max(peak_parameter_bytes_, parameter_bytes());
+  }
+
+  void finish_gather(std::size_t i) {
+    auto& b = buckets_[i];
+    if (!b.gathering) return;
+    auto work = std::move(b.gathering);
+    b.gathering = nullptr;
+    work->wait();
   }
 
   // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
@@ -332,6 +358,7 @@ class ZeroReducer final : public GradientSync,
   void release(std::size_t i) {
     auto& b = buckets_[i];
     if (!units_ || !b.whole) return;
+    finish_gather(i);  // never free memory a collective still writes
     auto* storage = b.flat.storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, b.flat.device()));
     storage->set_nbytes(0);
@@ -342,6 +369,7 @@ class ZeroReducer final : public GradientSync,
   // (Tensor::set_): its values move back into the bucket, and the parameter
   // points there again, before the optimizer steps the bucket's chunk.
   void reattach_parameters() {
+    for (std::size_t i = 0; i < buckets_.size(); ++i) finish_gather(i);  // ZeRO-3: a prefetch may run
     torch::NoGradGuard no_grad;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       auto& p = params_[k];
@@ -430,6 +458,7 @@ class ZeroReducer final : public GradientSync,
   int64_t bucket_bytes_;
   bool shard_gradients_;
   std::optional<ParameterUnits> units_;             ///< ZeRO-3
+  bool prefetch_;                                   ///< ZeRO-3: gather one unit ahead
   std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
   int64_t peak_parameter_bytes_ = 0;
   int world_, rank_;
