@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures, builds and runs accel's whole test suite (build/ by default).
 # Usage: tools/test.sh [BUILD_DIR] [extra ctest args...]
-# ACCEL_TEST_CMAKE_ARGS: more CMake options (CI's LibTorch 2.6 leg: -DACCEL_BUILD_BENCH=OFF).
+# ACCEL_TEST_CMAKE_ARGS: more CMake options (CI's LibTorch 2.6 leg: "-DACCEL_BUILD_BENCH=OFF -DACCEL_BUILD_EXAMPLES=OFF").
 # ACCEL_TEST_BUILD_ONLY=1: configure and build, run nothing (CI builds ahead).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -173,15 +173,15 @@ inline std::string new_save_id() {
 inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::uint64_t limit,
                                               std::uint64_t& total_size) {
   std::vector<NamedTensors> shards(1);
-  std::vector<std::pair<const torch::Tensor*, std::size_t>> owners;  // stored tensor -> shard
+  const auto stored_index = ckpt::detail::stored_as(state);
+  std::vector<std::size_t> shard_of(state.size());
   std::uint64_t current = 0;
   total_size = 0;
-  for (const auto& entry : state) {
-    const auto tied = std::find_if(owners.begin(), owners.end(), [&](const auto& o) {
-      return ckpt::detail::same_view(*o.first, entry.second);
-    });
-    if (tied != owners.end()) {
-      shards[tied->second].push_back(entry);
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    const auto& entry = state[i];
+    if (stored_index[i] != i) {  // tied: goes with the tensor it shares
+      shard_of[i] = shard_of[stored_index[i]];
+      shards[shard_of[i]].push_back(entry);
       continue;
     }
     const auto bytes =
@@ -191,7 +191,7 @@ inline std::vector<NamedTensors> split_shards(const NamedTensors& state, std::ui
       current = 0;
     }
     shards.back().push_back(entry);
-    owners.emplace_back(&entry.second, shards.size() - 1);
+    shard_of[i] = shards.size() - 1;
     current += bytes;
     total_size += bytes;
   }
@@ -376,13 +376,9 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
       written.insert(name);
       // Only stored tensors, as Hugging Face lists them; tied names live in
       // the shard's metadata.
-      for (const auto& entry : shards[i]) {
-        const auto owner = std::find_if(shards[i].begin(), shards[i].end(), [&](const auto& e) {
-          return ckpt::detail::same_view(e.second, entry.second);
-        });
-        if (owner == shards[i].end() || owner->first == entry.first)
-          index["weight_map"][entry.first] = name;
-      }
+      const auto stored_index = ckpt::detail::stored_as(shards[i]);
+      for (std::size_t k = 0; k < shards[i].size(); ++k)
+        if (stored_index[k] == k) index["weight_map"][shards[i][k].first] = name;
     }
     ckpt::detail::write_file_atomic(dir / kIndexFile, index.dump(2) + "\n");
     written.insert(std::string(kIndexFile));
