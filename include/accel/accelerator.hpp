@@ -5,6 +5,7 @@
 #define ACCEL_ACCELERATOR_HPP
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <iostream>
@@ -413,15 +414,28 @@ class Accelerator {
 
   /// Writes the model's weights as safetensors (model.safetensors, or shards
   /// plus model.safetensors.index.json), keys as the user's module names
-  /// them. The main process writes; everyone returns when the files exist.
+  /// them. The main process writes; everyone returns when the files exist,
+  /// and every process throws the same error when the writing fails. Under
+  /// shard::ShardParameters it is streamed: each bucket is gathered only
+  /// while its tensors are written, so no rank holds the whole model.
   template <class M>
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    with_whole_parameters(false, [&] {
-      if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
-    });
-    wait_for_everyone();
+    std::exception_ptr err;
+    if constexpr (shards_parameters_v<Shard>) {
+      const auto gathers = parameter_gathers();
+      const ReleaseParameters release{gathers};
+      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                           [&](const torch::Tensor& t) {
+                                             for (auto* g : gathers) g->gather_holding(t);
+                                           });
+    } else {
+      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                           [](const torch::Tensor&) {});
+    }
+    ckpt::detail::agree(*state_->comm, err, "save_model",
+                        "the main process writes the files, this one wrote none");
   }
 
   /// A loader sharing `loader`'s position whose next loop leaves out the first
@@ -732,6 +746,20 @@ class Accelerator {
   comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
+  std::vector<shard::detail::ParameterGather*> parameter_gathers() const {
+    std::vector<shard::detail::ParameterGather*> out;
+    for (const auto& z : state_->sharded)
+      if (auto* g = z->parameter_gather()) out.push_back(g);
+    return out;
+  }
+  /// ShardParameters: frees what a checkpoint gathered, however it ends.
+  struct ReleaseParameters {
+    const std::vector<shard::detail::ParameterGather*>& gathers;
+    ~ReleaseParameters() {
+      for (auto* g : gathers) g->release_all();
+    }
+  };
+
   // ShardParameters: every rank makes its models' parameters whole while a
   // checkpoint is written or read (a collective), and frees them afterwards;
   // what a load wrote into them becomes each rank's partition.
@@ -740,15 +768,8 @@ class Accelerator {
     if constexpr (!shards_parameters_v<Shard>) {
       return fn();
     } else {
-      std::vector<shard::detail::ParameterGather*> gathers;
-      for (const auto& z : state_->sharded)
-        if (auto* g = z->parameter_gather()) gathers.push_back(g);
-      struct Release {
-        std::vector<shard::detail::ParameterGather*>& gathers;
-        ~Release() {
-          for (auto* g : gathers) g->release_all();
-        }
-      } release{gathers};
+      const auto gathers = parameter_gathers();
+      const ReleaseParameters release{gathers};
       const auto keep_loaded = [&] {
         if (loads)
           for (auto* g : gathers) g->keep_written_values();

@@ -89,7 +89,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     } catch (...) {
       err = std::current_exception();
     }
-    const int failed = failed_rank(reg, err == nullptr);
+    const int failed = failed_rank(*reg.state->comm, err == nullptr);
     if (failed < 0) {
       apply_state(reg, s);
       after_highest();
@@ -112,7 +112,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     }
   }
   if (numbers.size() > 1)
-    agree(reg, newest_error, "load_latest_state (reading the newest checkpoint)",
+    agree(*reg.state->comm, newest_error, "load_latest_state (reading the newest checkpoint)",
           "no checkpoint under it loads; nothing was loaded on this process");
   after_highest();
   return std::nullopt;

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -37,6 +38,11 @@ inline constexpr std::string_view kTiedPrefix = "accel.tied.";
 /// after the header. Other safetensors readers ignore it; read_safetensors
 /// checks it when present.
 inline constexpr std::string_view kDataChecksumKey = "accel.data_xxh64";
+
+/// Called with each tensor a save stores, in the order its bytes are read,
+/// just before they are read: shard::ShardParameters makes the tensor's
+/// bucket whole there, so a model is saved without being whole at once.
+using BeforeRead = std::function<void(const torch::Tensor&)>;
 
 /// Everything in one safetensors file: tensors (file order, then the tied
 /// aliases, which share the tensor they alias) and the metadata.
@@ -113,11 +119,12 @@ inline std::vector<std::size_t> stored_as(const NamedTensors& tensors) {
 /// metadata gets "format": "pt" unless it sets "format" itself. With
 /// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
 /// Each tensor is copied to CPU just before it is written: a GPU model costs
-/// host memory for one tensor at a time, not for all of them.
+/// host memory for one tensor at a time, not for all of them. before_read,
+/// when given, runs for each stored tensor just before that copy.
 /// Returns the XXH64 of the data buffer.
 inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                                       const std::map<std::string, std::string>& metadata = {},
-                                      bool checksum = true) {
+                                      bool checksum = true, const BeforeRead& before_read = {}) {
   const std::string source = path.string();
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
@@ -179,6 +186,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   file.write(text.data(), text.size());
   ckpt::detail::Xxh64 data_hash;
   for (const torch::Tensor* tensor : stored) {
+    if (before_read) before_read(*tensor);
     const torch::Tensor t = tensor->detach().to(torch::kCPU).contiguous();
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -325,16 +326,24 @@ inline NamedTensors load_checkpoint(const std::filesystem::path& dir_or_file) {
   return load_safetensors(dir_or_file);
 }
 
-/// Saves module's parameters and buffers to dir (created if needed): one
-/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
-/// model.safetensors.index.json when they exceed options.max_shard_size.
-/// Tied tensors are saved once; stale shards of an earlier save are removed.
-inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
-                        const SaveModelOptions& options = {}) {
+namespace detail {
+
+/// The tensors save_module stores (a tied tensor once), in the order it reads
+/// their bytes: state order, which the split into shards keeps.
+inline std::vector<torch::Tensor> read_order(const NamedTensors& state) {
+  const auto stored_index = ckpt::detail::stored_as(state);
+  std::vector<torch::Tensor> out;
+  for (std::size_t i = 0; i < state.size(); ++i)
+    if (stored_index[i] == i) out.push_back(state[i].second);
+  return out;
+}
+
+/// save_module's files for `state`, shards of at most `limit` bytes.
+inline void save_tensors(const NamedTensors& state, const std::filesystem::path& dir,
+                         std::uint64_t limit, bool checksum, const BeforeRead& before_read) {
   namespace fs = std::filesystem;
-  const std::uint64_t limit = parse_size(options.max_shard_size);
   std::uint64_t total_size = 0;
-  const auto shards = detail::split_shards(module_state(module), limit, total_size);
+  const auto shards = split_shards(state, limit, total_size);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
@@ -343,31 +352,31 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
 
   std::set<std::string> written;
   if (shards.size() == 1) {
-    save_safetensors(dir / kModelFile, shards[0], {}, options.checksum);
+    save_safetensors(dir / kModelFile, shards[0], {}, checksum, before_read);
     written.insert(std::string(kModelFile));
   } else {
     // The shards are written under staging names first (a failure or a kill
     // while writing leaves the previous save whole), then renamed into place
     // and the index written last. All carry one save id, so a kill during
     // the renames is an error at load time, never a silent mix of two saves.
-    const std::string save_id = detail::new_save_id();
+    const std::string save_id = new_save_id();
     nlohmann::json index = {{"metadata", {{"total_size", total_size}, {std::string(kSaveIdKey), save_id}}},
                             {"weight_map", nlohmann::json::object()}};
     std::vector<std::string> names;
     try {
       for (std::size_t i = 0; i < shards.size(); ++i) {
-        names.push_back(detail::shard_name(i + 1, shards.size()));
-        save_safetensors(dir / detail::staging_name(names.back()), shards[i],
-                         {{std::string(kSaveIdKey), save_id}}, options.checksum);
+        names.push_back(shard_name(i + 1, shards.size()));
+        save_safetensors(dir / staging_name(names.back()), shards[i],
+                         {{std::string(kSaveIdKey), save_id}}, checksum, before_read);
       }
     } catch (...) {
-      for (const auto& name : names) fs::remove(dir / detail::staging_name(name), ec);
+      for (const auto& name : names) fs::remove(dir / staging_name(name), ec);
       throw;
     }
     for (const auto& name : names) {
-      fs::rename(dir / detail::staging_name(name), dir / name, ec);
+      fs::rename(dir / staging_name(name), dir / name, ec);
       if (ec)
-        throw Error("accel: save_model could not move '" + detail::staging_name(name) + "' to '" + name +
+        throw Error("accel: save_model could not move '" + staging_name(name) + "' to '" + name +
                     "' in '" + dir.string() + "': " + ec.message() + ". The index was not written; "
                     "free the directory and save again.");
     }
@@ -387,10 +396,54 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
   // models at load time.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name) ||
-                      detail::is_staging_name(name);  // left by an interrupted save
+    const bool ours = name == kModelFile || name == kIndexFile || is_shard_name(name) ||
+                      is_staging_name(name);  // left by an interrupted save
     if (ours && written.count(name) == 0 && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
   }
+}
+
+}  // namespace detail
+
+/// Saves module's parameters and buffers to dir (created if needed): one
+/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
+/// model.safetensors.index.json when they exceed options.max_shard_size.
+/// Tied tensors are saved once; stale shards of an earlier save are removed.
+inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
+                        const SaveModelOptions& options = {}) {
+  detail::save_tensors(module_state(module), dir, parse_size(options.max_shard_size),
+                       options.checksum, {});
+}
+
+/// save_module run by every process of a job, where only `writes` writes and
+/// each stored tensor becomes readable through a collective: make_readable
+/// runs on every process for the same tensors in the same order (read_order),
+/// the writer's calls just before it reads each one. A writer that fails still
+/// makes its remaining calls, so that no process waits for it, and returns its
+/// error, for the processes to agree on (a bad max_shard_size throws on all,
+/// before any call).
+inline std::exception_ptr save_module_collectively(const torch::nn::Module& module,
+                                                   const std::filesystem::path& dir,
+                                                   const SaveModelOptions& options, bool writes,
+                                                   const BeforeRead& make_readable) {
+  const std::uint64_t limit = parse_size(options.max_shard_size);
+  const NamedTensors state = module_state(module);
+  const auto order = detail::read_order(state);
+  std::size_t next = 0;
+  std::exception_ptr err;
+  if (writes) {
+    try {
+      detail::save_tensors(state, dir, limit, options.checksum, [&](const torch::Tensor& t) {
+        ACCEL_CHECK(next < order.size() && order[next].unsafeGetTensorImpl() == t.unsafeGetTensorImpl(),
+                    "accel: internal error: save_model read tensor ", next, " out of order");
+        ++next;
+        make_readable(t);
+      });
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  for (; next < order.size(); ++next) make_readable(order[next]);
+  return err;
 }
 
 /// Copies a checkpoint (see load_checkpoint) into module's existing

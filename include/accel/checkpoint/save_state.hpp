@@ -100,7 +100,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       err = std::current_exception();
     }
   }
-  agree(reg, err, "save_state (creating the directory)", kSaveKept);
+  agree(*reg.state->comm, err, "save_state (creating the directory)", kSaveKept);
 
   // A failed save leaves nothing behind: the previous checkpoint, untouched.
   const auto remove_stage = [&] {
@@ -116,7 +116,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     err = std::current_exception();
   }
   try {
-    agree(reg, err, "save_state (writing the files)", kSaveKept);
+    agree(*reg.state->comm, err, "save_state (writing the files)", kSaveKept);
   } catch (...) {
     remove_stage();
     throw;
@@ -161,7 +161,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       remove_stage();
     }
   }
-  agree(reg, err, "save_state (committing the directory)", kSaveKept);
+  agree(*reg.state->comm, err, "save_state (committing the directory)", kSaveKept);
   if (automatic) ++reg.checkpoint_iteration;
   return target;
 }
@@ -187,9 +187,9 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   } catch (...) {
     err = std::current_exception();
   }
-  if (failed_rank(reg, err == nullptr) >= 0) {
+  if (failed_rank(*reg.state->comm, err == nullptr) >= 0) {
     tx.rollback();
-    agree(reg, err, "load_state (restoring optimizers, schedulers and registered objects)",
+    agree(*reg.state->comm, err, "load_state (restoring optimizers, schedulers and registered objects)",
           kLoadKept);
   }
 
@@ -244,7 +244,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   } catch (...) {
     err = std::current_exception();
   }
-  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+  agree(*reg.state->comm, err, "load_state (reading the checkpoint)", kLoadKept);
   apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;

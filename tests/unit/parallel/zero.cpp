@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "catch.hpp"
 
@@ -61,8 +63,9 @@ accel::shard::detail::ZeroReducer* zero_of(auto& prepared) {
 
 /// W (or the small MLP) with Adam under Shard; rank r writes its final
 /// parameters, then [state bytes, gradient bytes, parameter bytes between
-/// steps, peak parameter bytes after step 1, clip norms...] to out_r.pt, and
-/// save_model() writes out_model/.
+/// steps, peak parameter bytes after step 1, evaluation loss, peak parameter
+/// bytes during save_model(), clip norms...] to out_r.pt, and save_model()
+/// writes out_model/.
 template <class Shard, class Precision>
 void train(std::string out, Run run) {
   accel::Accelerator<accel::backend::Gloo, Precision, Shard> acc(accel::AcceleratorOptions{
@@ -108,7 +111,9 @@ void train(std::string out, Run run) {
     eval_loss = torch::cross_entropy_loss(m(data.x), data.y).template item<double>();
     m->train();
   }
+  if (auto* z = zero_of(m)) z->reset_peak_parameter_bytes();
   acc.save_model(m, out + "_model");
+  const double save_peak_param_bytes = zero_of(m) ? static_cast<double>(zero_of(m)->peak_parameter_bytes()) : 0.0;
   // Gradients held between steps: after a backward whose step has not run.
   auto loss = torch::cross_entropy_loss(m(workload::make_data(64).x.narrow(0, 0, 8)),
                                         torch::zeros({8}, torch::kLong));
@@ -123,7 +128,7 @@ void train(std::string out, Run run) {
   // ShardParameters: what save_model() above gathered (the same file).
   auto saved = accel_test::whole_parameters(acc, m, out + "_model");
   std::vector<double> stats{static_cast<double>(adam_state_bytes(*opt)), static_cast<double>(grad_bytes),
-                            param_bytes, peak_param_bytes, eval_loss};
+                            param_bytes, peak_param_bytes, eval_loss, save_peak_param_bytes};
   stats.insert(stats.end(), norms.begin(), norms.end());
   saved.push_back(torch::tensor(stats, torch::kDouble));
   torch::save(saved, out + "_" + std::to_string(acc.process_index()) + ".pt");
@@ -132,6 +137,7 @@ void train(std::string out, Run run) {
 struct Result {
   std::vector<torch::Tensor> params;
   double state_bytes = 0, grad_bytes = 0, param_bytes = 0, peak_param_bytes = 0, eval_loss = 0;
+  double save_peak_param_bytes = 0;  ///< the most parameter bytes held during save_model()
   std::vector<double> norms;
   std::vector<torch::Tensor> saved_model;  ///< what save_model() wrote (rank 0's result only)
 };
@@ -148,7 +154,8 @@ Result load(const std::string& out, int rank) {
   r.param_bytes = stats[2].item<double>();
   r.peak_param_bytes = stats[3].item<double>();
   r.eval_loss = stats[4].item<double>();
-  for (int64_t i = 5; i < stats.numel(); ++i) r.norms.push_back(stats[i].item<double>());
+  r.save_peak_param_bytes = stats[5].item<double>();
+  for (int64_t i = 6; i < stats.numel(); ++i) r.norms.push_back(stats[i].item<double>());
   return r;
 }
 
@@ -244,6 +251,11 @@ void compare(int world, Run run, const std::string& tag, bool with_prefetch = fa
     CHECK(zero3[r].peak_param_bytes >= full / world + largest_unit);
     CHECK(zero3[r].peak_param_bytes <= (full / world + largest_unit + padding) * 1.05);
     if (full / world + largest_unit + padding < full) CHECK(zero3[r].peak_param_bytes < full);
+    // save_model() streams: one bucket (within one unit) whole at a time,
+    // where gathering everything would hold the chunks plus the whole model.
+    INFO("ShardParameters: parameter bytes during save_model() " << zero3[r].save_peak_param_bytes);
+    CHECK(zero3[r].save_peak_param_bytes > zero3[r].param_bytes);
+    CHECK(zero3[r].save_peak_param_bytes <= (full / world + largest_unit + padding) * 1.05);
     if (with_prefetch) {
       const auto& p = prefetched[r];
       INFO("with prefetch: peak parameter bytes " << p.peak_param_bytes);
@@ -431,4 +443,57 @@ TEST_CASE("A tied parameter is stepped once: Replicate and ZeRO-1, 2 and 3 equal
       CHECK(torch::equal(got[2], got[4]));  // still one tensor
     }
   }
+}
+
+namespace {
+/// Rank 0 saves the small MLP in 4 shards, then cannot write the second of
+/// them in a second save (a directory holds its staging name). Each rank
+/// writes what the second save_model() threw to out_<rank>.txt.
+template <class Shard>
+void save_model_fails(std::string out) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.bucket_cap_mb = 0.25});
+  Run run;
+  run.small = true;
+  auto model = make_model(run);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto [m, opt] = acc.prepare(model, adam);
+  const std::filesystem::path dir = out + "_model";
+  const accel::SaveModelOptions options{.max_shard_size = "100KB"};
+  acc.save_model(m, dir, options);
+  if (acc.is_main_process())
+    std::filesystem::create_directories(dir / ".model-00002-of-00004.safetensors.accel-new" / "blocker");
+  std::string message = "no error";
+  try {
+    acc.save_model(m, dir, options);
+  } catch (const accel::Error& e) {
+    message = e.what();
+  }
+  std::ofstream(out + "_" + std::to_string(acc.process_index()) + ".txt") << message;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+// Issue 16: a failed save_model() is an error on every process, within
+// seconds. Under ShardParameters the main process keeps gathering with the
+// others after it failed (the buckets of shards 3 and 4), so nobody waits in
+// a collective; the earlier save in the directory stays whole.
+TEMPLATE_TEST_CASE("A save_model() that fails on the main process fails on every process",
+                   "[parallel][gloo][zero][save_model]", accel::shard::Replicate,
+                   accel::shard::ShardParameters) {
+  const auto out = scratch(std::string("save_fails_") + std::string(TestType::config_name)).string();
+  const auto index = std::filesystem::path(out + "_model") / "model.safetensors.index.json";
+  accel::notebook_launcher(save_model_fails<TestType>, std::make_tuple(out),
+                           accel_test::local_processes(2, std::chrono::seconds(60)));
+  const auto main_error = read_text(out + "_0.txt"), other_error = read_text(out + "_1.txt");
+  INFO("process 0: " << main_error << "\nprocess 1: " << other_error);
+  CHECK_THAT(main_error, Catch::Matchers::ContainsSubstring(".model-00002-of-00004.safetensors.accel-new"));
+  CHECK_THAT(other_error, Catch::Matchers::ContainsSubstring("save_model failed on process 0"));
+  // The first save is still there, whole (its index checks its 4 shards).
+  const auto loaded = accel::ckpt::load_checkpoint(index);
+  CHECK(loaded.size() == 6);
 }

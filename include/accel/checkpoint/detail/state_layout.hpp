@@ -11,6 +11,7 @@
 #include <accel/checkpoint/state_registry.hpp>
 #include <accel/errors.hpp>
 #include <accel/options.hpp>
+#include <accel/runtime/communicator.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -71,8 +72,7 @@ inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller
 
 /// Every process says whether its part worked (one all-reduce MAX); returns
 /// the highest failing rank, or -1 when all succeeded.
-inline int failed_rank(StateRegistry& reg, bool ok) {
-  auto& comm = *reg.state->comm;
+inline int failed_rank(runtime::Communicator& comm, bool ok) {
   float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
   if (comm.size() > 1) {
     auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
@@ -83,9 +83,9 @@ inline int failed_rank(StateRegistry& reg, bool ok) {
 }
 
 /// Rethrows this process's error, or throws if another process failed.
-inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char* what,
+inline void agree(runtime::Communicator& comm, const std::exception_ptr& err, const char* what,
                   const char* consequence) {
-  const int failed = failed_rank(reg, err == nullptr);
+  const int failed = failed_rank(comm, err == nullptr);
   if (err) std::rethrow_exception(err);
   if (failed >= 0)
     throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -208,6 +209,16 @@ class ZeroReducer final : public GradientSync,
   }
   void release_all() override {
     for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
+    streamed_.reset();
+  }
+  bool gather_holding(const torch::Tensor& t) override {
+    const auto it = index_.find(t.unsafeGetTensorImpl());
+    if (!units_ || it == index_.end()) return false;
+    const auto b = plan_.slots[it->second].bucket;
+    if (streamed_ && *streamed_ != b) release(*streamed_);
+    streamed_ = b;
+    make_whole({b});
+    return true;
   }
   void keep_written_values() override {
     if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
@@ -348,9 +359,7 @@ class ZeroReducer final : public GradientSync,
   void finish_gather(std::size_t i) {
     auto& b = buckets_[i];
     if (!b.gathering) return;
-    auto work = std::move(b.gathering);
-    b.gathering = nullptr;
-    work->wait();
+    std::exchange(b.gathering, nullptr)->wait();
   }
 
   // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
@@ -461,6 +470,7 @@ class ZeroReducer final : public GradientSync,
   bool prefetch_;                                   ///< ZeRO-3: gather one unit ahead
   std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
   int64_t peak_parameter_bytes_ = 0;
+  std::optional<std::size_t> streamed_;             ///< ZeRO-3: the bucket gather_holding() made whole
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
