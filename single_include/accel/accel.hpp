@@ -668,6 +668,7 @@ class CountingCommunicator final : public Communicator {
 #include <iostream>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -714,9 +715,11 @@ class WaitReports {
 namespace accel::runtime::detail {
 
 /// Shared by a communicator's work handles. Each rank that has waited 5 s in
-/// its collective number `seq` writes seq under its key in the rendezvous
-/// store; at 10, 20, 40 ... s it reads the others' keys: a process whose key is
-/// missing or lower has not reached this collective.
+/// its collective number `seq` writes "seq op" under its key in the
+/// rendezvous store; at 10, 20, 40 ... s it reads the others' keys: a process
+/// whose key is missing or lower has not reached this collective, and one at
+/// the same number in another operation runs the collectives in another
+/// order (one called on some processes only).
 class SlowCollectiveWatch {
  public:
   using Clock = std::chrono::steady_clock;
@@ -736,41 +739,54 @@ class SlowCollectiveWatch {
     if (!published && waited >= kPublishAfter) {
       published = true;
       try {
-        const std::string value = std::to_string(seq);
+        const std::string value = std::to_string(seq) + " " + op;
         store_->set(key(rank_), std::vector<uint8_t>(value.begin(), value.end()));
       } catch (const std::exception&) {
         // The store's host (rank 0) is gone: the collective fails by itself soon.
       }
     }
     if (!reports.due()) return;
-    std::string missing;
+    std::string missing, elsewhere;
     int absent = 0;
     try {
       for (int r = 0; r < size_; ++r) {
-        if (r == rank_ || reached(r, seq)) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        ++absent;
+        if (r == rank_) continue;
+        const auto [at, their_op] = progress(r);
+        if (at < seq) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          ++absent;
+        } else if (at == seq && their_op != op) {
+          elsewhere += (elsewhere.empty() ? "" : ", ") + ("process " + std::to_string(r) + " is in " + their_op);
+        }
       }
     } catch (const std::exception&) {
       missing.clear();
+      elsewhere.clear();
     }
     log_ << "accel: rank " << rank_ << " has waited " << reports.seconds() << " s in " << backend_ << " "
-         << op << " (its collective #" << seq << ") for the other processes; "
-         << (missing.empty() ? std::string("all have reached it (a slow network or a large tensor?)")
-                             : std::string(absent == 1 ? "process " : "processes ") + missing +
-                                   (absent == 1 ? " has" : " have") +
-                                   " not reached it (still computing or loading data, hung, or "
-                                   "skipped this collective)")
-         << ". It gives up after " << timeout_.count() / 1000 << " s." << std::endl;
+         << op << " (its collective #" << seq << ") for the other processes; ";
+    if (!elsewhere.empty())
+      log_ << "at that collective " << elsewhere << ": the processes call collectives in different "
+           << "orders (one called on some processes only, as a save_model() or gather inside "
+           << "`if (is_main_process())`; every process must make the same calls)";
+    else if (!missing.empty())
+      log_ << (absent == 1 ? "process " : "processes ") << missing << (absent == 1 ? " has" : " have")
+           << " not reached it (still computing or loading data, hung, or skipped this collective)";
+    else
+      log_ << "all have reached it (a slow network or a large tensor?)";
+    log_ << ". It gives up after " << timeout_.count() / 1000 << " s." << std::endl;
   }
 
  private:
   static std::string key(int rank) { return "accel/collective_progress/" + std::to_string(rank); }
 
-  bool reached(int r, std::uint64_t seq) {
-    if (!store_->check({key(r)})) return false;
+  /// Rank r's published collective number and operation (0 when none yet).
+  std::pair<std::uint64_t, std::string> progress(int r) {
+    if (!store_->check({key(r)})) return {0, ""};
     const auto v = store_->get(key(r));
-    return std::stoull(std::string(v.begin(), v.end())) >= seq;
+    const std::string text(v.begin(), v.end());
+    const auto space = text.find(' ');
+    return {std::stoull(text.substr(0, space)), space == std::string::npos ? "" : text.substr(space + 1)};
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -6588,6 +6604,7 @@ inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& pa
 #include <bit>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -6611,6 +6628,11 @@ inline constexpr std::string_view kTiedPrefix = "accel.tied.";
 /// after the header. Other safetensors readers ignore it; read_safetensors
 /// checks it when present.
 inline constexpr std::string_view kDataChecksumKey = "accel.data_xxh64";
+
+/// Called with each tensor a save stores, in the order its bytes are read,
+/// just before they are read: shard::ShardParameters makes the tensor's
+/// bucket whole there, so a model is saved without being whole at once.
+using BeforeRead = std::function<void(const torch::Tensor&)>;
 
 /// Everything in one safetensors file: tensors (file order, then the tied
 /// aliases, which share the tensor they alias) and the metadata.
@@ -6687,11 +6709,12 @@ inline std::vector<std::size_t> stored_as(const NamedTensors& tensors) {
 /// metadata gets "format": "pt" unless it sets "format" itself. With
 /// `checksum`, metadata gets kDataChecksumKey, computed as the data is written.
 /// Each tensor is copied to CPU just before it is written: a GPU model costs
-/// host memory for one tensor at a time, not for all of them.
+/// host memory for one tensor at a time, not for all of them. before_read,
+/// when given, runs for each stored tensor just before that copy.
 /// Returns the XXH64 of the data buffer.
 inline std::uint64_t save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                                       const std::map<std::string, std::string>& metadata = {},
-                                      bool checksum = true) {
+                                      bool checksum = true, const BeforeRead& before_read = {}) {
   const std::string source = path.string();
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
@@ -6753,6 +6776,7 @@ inline std::uint64_t save_safetensors(const std::filesystem::path& path, const N
   file.write(text.data(), text.size());
   ckpt::detail::Xxh64 data_hash;
   for (const torch::Tensor* tensor : stored) {
+    if (before_read) before_read(*tensor);
     const torch::Tensor t = tensor->detach().to(torch::kCPU).contiguous();
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
     data_hash.update(t.data_ptr(), bytes);
@@ -6859,6 +6883,7 @@ inline NamedTensors load_safetensors(const std::filesystem::path& path) {
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -7168,16 +7193,24 @@ inline NamedTensors load_checkpoint(const std::filesystem::path& dir_or_file) {
   return load_safetensors(dir_or_file);
 }
 
-/// Saves module's parameters and buffers to dir (created if needed): one
-/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
-/// model.safetensors.index.json when they exceed options.max_shard_size.
-/// Tied tensors are saved once; stale shards of an earlier save are removed.
-inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
-                        const SaveModelOptions& options = {}) {
+namespace detail {
+
+/// The tensors save_module stores (a tied tensor once), in the order it reads
+/// their bytes: state order, which the split into shards keeps.
+inline std::vector<torch::Tensor> read_order(const NamedTensors& state) {
+  const auto stored_index = ckpt::detail::stored_as(state);
+  std::vector<torch::Tensor> out;
+  for (std::size_t i = 0; i < state.size(); ++i)
+    if (stored_index[i] == i) out.push_back(state[i].second);
+  return out;
+}
+
+/// save_module's files for `state`, shards of at most `limit` bytes.
+inline void save_tensors(const NamedTensors& state, const std::filesystem::path& dir,
+                         std::uint64_t limit, bool checksum, const BeforeRead& before_read) {
   namespace fs = std::filesystem;
-  const std::uint64_t limit = parse_size(options.max_shard_size);
   std::uint64_t total_size = 0;
-  const auto shards = detail::split_shards(module_state(module), limit, total_size);
+  const auto shards = split_shards(state, limit, total_size);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
@@ -7186,31 +7219,31 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
 
   std::set<std::string> written;
   if (shards.size() == 1) {
-    save_safetensors(dir / kModelFile, shards[0], {}, options.checksum);
+    save_safetensors(dir / kModelFile, shards[0], {}, checksum, before_read);
     written.insert(std::string(kModelFile));
   } else {
     // The shards are written under staging names first (a failure or a kill
     // while writing leaves the previous save whole), then renamed into place
     // and the index written last. All carry one save id, so a kill during
     // the renames is an error at load time, never a silent mix of two saves.
-    const std::string save_id = detail::new_save_id();
+    const std::string save_id = new_save_id();
     nlohmann::json index = {{"metadata", {{"total_size", total_size}, {std::string(kSaveIdKey), save_id}}},
                             {"weight_map", nlohmann::json::object()}};
     std::vector<std::string> names;
     try {
       for (std::size_t i = 0; i < shards.size(); ++i) {
-        names.push_back(detail::shard_name(i + 1, shards.size()));
-        save_safetensors(dir / detail::staging_name(names.back()), shards[i],
-                         {{std::string(kSaveIdKey), save_id}}, options.checksum);
+        names.push_back(shard_name(i + 1, shards.size()));
+        save_safetensors(dir / staging_name(names.back()), shards[i],
+                         {{std::string(kSaveIdKey), save_id}}, checksum, before_read);
       }
     } catch (...) {
-      for (const auto& name : names) fs::remove(dir / detail::staging_name(name), ec);
+      for (const auto& name : names) fs::remove(dir / staging_name(name), ec);
       throw;
     }
     for (const auto& name : names) {
-      fs::rename(dir / detail::staging_name(name), dir / name, ec);
+      fs::rename(dir / staging_name(name), dir / name, ec);
       if (ec)
-        throw Error("accel: save_model could not move '" + detail::staging_name(name) + "' to '" + name +
+        throw Error("accel: save_model could not move '" + staging_name(name) + "' to '" + name +
                     "' in '" + dir.string() + "': " + ec.message() + ". The index was not written; "
                     "free the directory and save again.");
     }
@@ -7230,10 +7263,54 @@ inline void save_module(const torch::nn::Module& module, const std::filesystem::
   // models at load time.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool ours = name == kModelFile || name == kIndexFile || detail::is_shard_name(name) ||
-                      detail::is_staging_name(name);  // left by an interrupted save
+    const bool ours = name == kModelFile || name == kIndexFile || is_shard_name(name) ||
+                      is_staging_name(name);  // left by an interrupted save
     if (ours && written.count(name) == 0 && entry.is_regular_file(ec)) fs::remove(entry.path(), ec);
   }
+}
+
+}  // namespace detail
+
+/// Saves module's parameters and buffers to dir (created if needed): one
+/// model.safetensors, or model-0000i-of-0000N.safetensors shards plus
+/// model.safetensors.index.json when they exceed options.max_shard_size.
+/// Tied tensors are saved once; stale shards of an earlier save are removed.
+inline void save_module(const torch::nn::Module& module, const std::filesystem::path& dir,
+                        const SaveModelOptions& options = {}) {
+  detail::save_tensors(module_state(module), dir, parse_size(options.max_shard_size),
+                       options.checksum, {});
+}
+
+/// save_module run by every process of a job, where only `writes` writes and
+/// each stored tensor becomes readable through a collective: make_readable
+/// runs on every process for the same tensors in the same order (read_order),
+/// the writer's calls just before it reads each one. A writer that fails still
+/// makes its remaining calls, so that no process waits for it, and returns its
+/// error, for the processes to agree on (a bad max_shard_size throws on all,
+/// before any call).
+inline std::exception_ptr save_module_collectively(const torch::nn::Module& module,
+                                                   const std::filesystem::path& dir,
+                                                   const SaveModelOptions& options, bool writes,
+                                                   const BeforeRead& make_readable) {
+  const std::uint64_t limit = parse_size(options.max_shard_size);
+  const NamedTensors state = module_state(module);
+  const auto order = detail::read_order(state);
+  std::size_t next = 0;
+  std::exception_ptr err;
+  if (writes) {
+    try {
+      detail::save_tensors(state, dir, limit, options.checksum, [&](const torch::Tensor& t) {
+        ACCEL_CHECK(next < order.size() && order[next].unsafeGetTensorImpl() == t.unsafeGetTensorImpl(),
+                    "accel: internal error: save_model read tensor ", next, " out of order");
+        ++next;
+        make_readable(t);
+      });
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  for (; next < order.size(); ++next) make_readable(order[next]);
+  return err;
 }
 
 /// Copies a checkpoint (see load_checkpoint) into module's existing
@@ -10892,6 +10969,11 @@ class ParameterGather {
   virtual void gather_for_backward(std::size_t u) = 0;
   virtual void gather_all() = 0;
   virtual void release_all() = 0;
+  /// Streaming save_model: makes whole the bucket holding t, when t is one
+  /// of this model's sharded parameters, and frees the bucket the previous
+  /// call made whole (release_all() ends the stream). False when t is not
+  /// one of them (a buffer, a frozen parameter, another model's).
+  virtual bool gather_holding(const torch::Tensor& t) = 0;
   /// After the parameters were written while whole (load_state): each
   /// rank's partition takes the new values.
   virtual void keep_written_values() = 0;
@@ -11598,6 +11680,7 @@ auto share(A&& a) {
 #define ACCEL_ACCELERATOR_HPP
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <iostream>
@@ -12651,8 +12734,7 @@ inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller
 
 /// Every process says whether its part worked (one all-reduce MAX); returns
 /// the highest failing rank, or -1 when all succeeded.
-inline int failed_rank(StateRegistry& reg, bool ok) {
-  auto& comm = *reg.state->comm;
+inline int failed_rank(runtime::Communicator& comm, bool ok) {
   float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
   if (comm.size() > 1) {
     auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
@@ -12663,9 +12745,9 @@ inline int failed_rank(StateRegistry& reg, bool ok) {
 }
 
 /// Rethrows this process's error, or throws if another process failed.
-inline void agree(StateRegistry& reg, const std::exception_ptr& err, const char* what,
+inline void agree(runtime::Communicator& comm, const std::exception_ptr& err, const char* what,
                   const char* consequence) {
-  const int failed = failed_rank(reg, err == nullptr);
+  const int failed = failed_rank(comm, err == nullptr);
   if (err) std::rethrow_exception(err);
   if (failed >= 0)
     throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",
@@ -13478,7 +13560,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       err = std::current_exception();
     }
   }
-  agree(reg, err, "save_state (creating the directory)", kSaveKept);
+  agree(*reg.state->comm, err, "save_state (creating the directory)", kSaveKept);
 
   // A failed save leaves nothing behind: the previous checkpoint, untouched.
   const auto remove_stage = [&] {
@@ -13494,7 +13576,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     err = std::current_exception();
   }
   try {
-    agree(reg, err, "save_state (writing the files)", kSaveKept);
+    agree(*reg.state->comm, err, "save_state (writing the files)", kSaveKept);
   } catch (...) {
     remove_stage();
     throw;
@@ -13539,7 +13621,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
       remove_stage();
     }
   }
-  agree(reg, err, "save_state (committing the directory)", kSaveKept);
+  agree(*reg.state->comm, err, "save_state (committing the directory)", kSaveKept);
   if (automatic) ++reg.checkpoint_iteration;
   return target;
 }
@@ -13565,9 +13647,9 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   } catch (...) {
     err = std::current_exception();
   }
-  if (failed_rank(reg, err == nullptr) >= 0) {
+  if (failed_rank(*reg.state->comm, err == nullptr) >= 0) {
     tx.rollback();
-    agree(reg, err, "load_state (restoring optimizers, schedulers and registered objects)",
+    agree(*reg.state->comm, err, "load_state (restoring optimizers, schedulers and registered objects)",
           kLoadKept);
   }
 
@@ -13622,7 +13704,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   } catch (...) {
     err = std::current_exception();
   }
-  agree(reg, err, "load_state (reading the checkpoint)", kLoadKept);
+  agree(*reg.state->comm, err, "load_state (reading the checkpoint)", kLoadKept);
   apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;
@@ -13705,7 +13787,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     } catch (...) {
       err = std::current_exception();
     }
-    const int failed = failed_rank(reg, err == nullptr);
+    const int failed = failed_rank(*reg.state->comm, err == nullptr);
     if (failed < 0) {
       apply_state(reg, s);
       after_highest();
@@ -13728,7 +13810,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
     }
   }
   if (numbers.size() > 1)
-    agree(reg, newest_error, "load_latest_state (reading the newest checkpoint)",
+    agree(*reg.state->comm, newest_error, "load_latest_state (reading the newest checkpoint)",
           "no checkpoint under it loads; nothing was loaded on this process");
   after_highest();
   return std::nullopt;
@@ -14939,6 +15021,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -15190,6 +15273,16 @@ class ZeroReducer final : public GradientSync,
   }
   void release_all() override {
     for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
+    streamed_.reset();
+  }
+  bool gather_holding(const torch::Tensor& t) override {
+    const auto it = index_.find(t.unsafeGetTensorImpl());
+    if (!units_ || it == index_.end()) return false;
+    const auto b = plan_.slots[it->second].bucket;
+    if (streamed_ && *streamed_ != b) release(*streamed_);
+    streamed_ = b;
+    make_whole({b});
+    return true;
   }
   void keep_written_values() override {
     if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
@@ -15330,9 +15423,7 @@ class ZeroReducer final : public GradientSync,
   void finish_gather(std::size_t i) {
     auto& b = buckets_[i];
     if (!b.gathering) return;
-    auto work = std::move(b.gathering);
-    b.gathering = nullptr;
-    work->wait();
+    std::exchange(b.gathering, nullptr)->wait();
   }
 
   // ZeRO-3: frees bucket i's flat storage (the module's parameters keep their
@@ -15443,6 +15534,7 @@ class ZeroReducer final : public GradientSync,
   bool prefetch_;                                   ///< ZeRO-3: gather one unit ahead
   std::vector<std::vector<std::size_t>> unit_buckets_;  ///< ZeRO-3: the buckets each unit computes with
   int64_t peak_parameter_bytes_ = 0;
+  std::optional<std::size_t> streamed_;             ///< ZeRO-3: the bucket gather_holding() made whole
   int world_, rank_;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_;
   std::vector<int> group_of_;
@@ -16603,15 +16695,28 @@ class Accelerator {
 
   /// Writes the model's weights as safetensors (model.safetensors, or shards
   /// plus model.safetensors.index.json), keys as the user's module names
-  /// them. The main process writes; everyone returns when the files exist.
+  /// them. The main process writes; everyone returns when the files exist,
+  /// and every process throws the same error when the writing fails. Under
+  /// shard::ShardParameters it is streamed: each bucket is gathered only
+  /// while its tensors are written, so no rank holds the whole model.
   template <class M>
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    with_whole_parameters(false, [&] {
-      if (is_main_process()) ckpt::save_module(*model.get(), dir, opts);
-    });
-    wait_for_everyone();
+    std::exception_ptr err;
+    if constexpr (shards_parameters_v<Shard>) {
+      const auto gathers = parameter_gathers();
+      const ReleaseParameters release{gathers};
+      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                           [&](const torch::Tensor& t) {
+                                             for (auto* g : gathers) g->gather_holding(t);
+                                           });
+    } else {
+      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                           [](const torch::Tensor&) {});
+    }
+    ckpt::detail::agree(*state_->comm, err, "save_model",
+                        "the main process writes the files, this one wrote none");
   }
 
   /// A loader sharing `loader`'s position whose next loop leaves out the first
@@ -16922,6 +17027,20 @@ class Accelerator {
   comm::HookFunction user_hook_;  ///< register_comm_hook()
   tracking::Trackers trackers_;          ///< init_trackers()/log()
 
+  std::vector<shard::detail::ParameterGather*> parameter_gathers() const {
+    std::vector<shard::detail::ParameterGather*> out;
+    for (const auto& z : state_->sharded)
+      if (auto* g = z->parameter_gather()) out.push_back(g);
+    return out;
+  }
+  /// ShardParameters: frees what a checkpoint gathered, however it ends.
+  struct ReleaseParameters {
+    const std::vector<shard::detail::ParameterGather*>& gathers;
+    ~ReleaseParameters() {
+      for (auto* g : gathers) g->release_all();
+    }
+  };
+
   // ShardParameters: every rank makes its models' parameters whole while a
   // checkpoint is written or read (a collective), and frees them afterwards;
   // what a load wrote into them becomes each rank's partition.
@@ -16930,15 +17049,8 @@ class Accelerator {
     if constexpr (!shards_parameters_v<Shard>) {
       return fn();
     } else {
-      std::vector<shard::detail::ParameterGather*> gathers;
-      for (const auto& z : state_->sharded)
-        if (auto* g = z->parameter_gather()) gathers.push_back(g);
-      struct Release {
-        std::vector<shard::detail::ParameterGather*>& gathers;
-        ~Release() {
-          for (auto* g : gathers) g->release_all();
-        }
-      } release{gathers};
+      const auto gathers = parameter_gathers();
+      const ReleaseParameters release{gathers};
       const auto keep_loaded = [&] {
         if (loads)
           for (auto* g : gathers) g->keep_written_values();

@@ -522,6 +522,34 @@ TEST_CASE("gloo: a rank that waits long in a collective names the process that h
   require_all_zero(codes);
 }
 
+// A collective called on one process only (a save_model() inside
+// `if (is_main_process())`): both processes reach collective #2, in different
+// operations, and each names the other's.
+TEST_CASE("gloo: processes that call collectives in different orders are told so",
+          "[runtime][gloo][slow]") {
+  const int port = free_port();
+  auto codes = fork_ranks(2, [&](int rank) {
+    const auto log = scratch("mismatch_wait_" + std::to_string(rank) + ".log");
+    auto comm = make_gloo_communicator(env_for(rank, 2, port), GlooOptions{12s, std::nullopt});
+    comm->barrier();  // collective #1
+    stderr_to(log);
+    auto t = torch::ones({4});
+    auto out = torch::empty({8});
+    try {
+      if (rank == 0) comm->all_reduce(t)->wait();  // collective #2
+      else comm->all_gather(out, t)->wait();
+    } catch (const std::exception&) {
+      // Gloo gives up after 12 s.
+    }
+    const std::string mine = rank == 0 ? "all_reduce" : "all_gather", theirs = rank == 0 ? "all_gather" : "all_reduce";
+    require_in(slurp(log), "accel: rank " + std::to_string(rank) + " has waited 10 s in Gloo " + mine +
+                               " (its collective #2) for the other processes; at that collective process " +
+                               std::to_string(1 - rank) + " is in " + theirs +
+                               ": the processes call collectives in different orders");
+  }, 60s);
+  require_all_zero(codes);
+}
+
 TEST_CASE("gloo: wrong shapes are accel errors", "[runtime][gloo]") {
   const auto path = scratch("gloo_one.store");
   auto comm = make_gloo_communicator(env_for(0, 1, 0), GlooOptions{5s, path});

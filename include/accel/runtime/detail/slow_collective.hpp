@@ -13,6 +13,7 @@
 #include <iostream>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -22,9 +23,11 @@
 namespace accel::runtime::detail {
 
 /// Shared by a communicator's work handles. Each rank that has waited 5 s in
-/// its collective number `seq` writes seq under its key in the rendezvous
-/// store; at 10, 20, 40 ... s it reads the others' keys: a process whose key is
-/// missing or lower has not reached this collective.
+/// its collective number `seq` writes "seq op" under its key in the
+/// rendezvous store; at 10, 20, 40 ... s it reads the others' keys: a process
+/// whose key is missing or lower has not reached this collective, and one at
+/// the same number in another operation runs the collectives in another
+/// order (one called on some processes only).
 class SlowCollectiveWatch {
  public:
   using Clock = std::chrono::steady_clock;
@@ -44,41 +47,54 @@ class SlowCollectiveWatch {
     if (!published && waited >= kPublishAfter) {
       published = true;
       try {
-        const std::string value = std::to_string(seq);
+        const std::string value = std::to_string(seq) + " " + op;
         store_->set(key(rank_), std::vector<uint8_t>(value.begin(), value.end()));
       } catch (const std::exception&) {
         // The store's host (rank 0) is gone: the collective fails by itself soon.
       }
     }
     if (!reports.due()) return;
-    std::string missing;
+    std::string missing, elsewhere;
     int absent = 0;
     try {
       for (int r = 0; r < size_; ++r) {
-        if (r == rank_ || reached(r, seq)) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        ++absent;
+        if (r == rank_) continue;
+        const auto [at, their_op] = progress(r);
+        if (at < seq) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          ++absent;
+        } else if (at == seq && their_op != op) {
+          elsewhere += (elsewhere.empty() ? "" : ", ") + ("process " + std::to_string(r) + " is in " + their_op);
+        }
       }
     } catch (const std::exception&) {
       missing.clear();
+      elsewhere.clear();
     }
     log_ << "accel: rank " << rank_ << " has waited " << reports.seconds() << " s in " << backend_ << " "
-         << op << " (its collective #" << seq << ") for the other processes; "
-         << (missing.empty() ? std::string("all have reached it (a slow network or a large tensor?)")
-                             : std::string(absent == 1 ? "process " : "processes ") + missing +
-                                   (absent == 1 ? " has" : " have") +
-                                   " not reached it (still computing or loading data, hung, or "
-                                   "skipped this collective)")
-         << ". It gives up after " << timeout_.count() / 1000 << " s." << std::endl;
+         << op << " (its collective #" << seq << ") for the other processes; ";
+    if (!elsewhere.empty())
+      log_ << "at that collective " << elsewhere << ": the processes call collectives in different "
+           << "orders (one called on some processes only, as a save_model() or gather inside "
+           << "`if (is_main_process())`; every process must make the same calls)";
+    else if (!missing.empty())
+      log_ << (absent == 1 ? "process " : "processes ") << missing << (absent == 1 ? " has" : " have")
+           << " not reached it (still computing or loading data, hung, or skipped this collective)";
+    else
+      log_ << "all have reached it (a slow network or a large tensor?)";
+    log_ << ". It gives up after " << timeout_.count() / 1000 << " s." << std::endl;
   }
 
  private:
   static std::string key(int rank) { return "accel/collective_progress/" + std::to_string(rank); }
 
-  bool reached(int r, std::uint64_t seq) {
-    if (!store_->check({key(r)})) return false;
+  /// Rank r's published collective number and operation (0 when none yet).
+  std::pair<std::uint64_t, std::string> progress(int r) {
+    if (!store_->check({key(r)})) return {0, ""};
     const auto v = store_->get(key(r));
-    return std::stoull(std::string(v.begin(), v.end())) >= seq;
+    const std::string text(v.begin(), v.end());
+    const auto space = text.find(' ');
+    return {std::stoull(text.substr(0, space)), space == std::string::npos ? "" : text.substr(space + 1)};
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
