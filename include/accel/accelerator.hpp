@@ -625,6 +625,7 @@ class Accelerator {
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
             make_comm_hook(), std::move(units), prefetch_parameters());
+        if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(*module, zero);
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {

@@ -8,5 +8,6 @@
 #include <accel/shard/shard_gradients.hpp>
 #include <accel/shard/shard_optimizer.hpp>
 #include <accel/shard/shard_parameters.hpp>
+#include <accel/shard/unit.hpp>
 
 #endif  // ACCEL_SHARD_HPP

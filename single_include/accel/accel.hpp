@@ -3972,7 +3972,8 @@ namespace accel::shard {
 /// parameters too. A unit's parameters are all-gathered just before its
 /// forward and freed after it, gathered again for its backward and freed
 /// once their gradients are reduce-scattered. Units: the children of a
-/// torch::nn::Sequential; any other model is one unit (docs/sharding.md).
+/// torch::nn::Sequential, or the modules wrapped in shard::Unit (any model);
+/// any other model is one unit (docs/sharding.md).
 struct ShardParameters {
   static constexpr std::string_view name = "ShardParameters";
   /// The value of Accelerate-style config files and `accel launch` flags.
@@ -3986,6 +3987,295 @@ struct ShardParameters {
 
 #endif  // ACCEL_SHARD_SHARD_PARAMETERS_HPP
 // end <accel/shard/shard_parameters.hpp>
+// begin <accel/shard/unit.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::Unit: a submodule the user names as a unit of
+/// shard::ShardParameters (the wrapping policy of FSDP, by hand), for models
+/// that are not a torch::nn::Sequential.
+#ifndef ACCEL_SHARD_UNIT_HPP
+#define ACCEL_SHARD_UNIT_HPP
+
+#include <type_traits>
+#include <utility>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/unit_slot.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::UnitSlot, what prepare() finds of a
+/// unit the user names with shard::Unit, and named_units(), which finds them.
+#ifndef ACCEL_SHARD_DETAIL_UNIT_SLOT_HPP
+#define ACCEL_SHARD_DETAIL_UNIT_SLOT_HPP
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/gradient_sync.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Declares accel::shard::detail::GradientSync, what a prepared model's
+/// shard policy does with gradients, as seen by the optimizer and the Accelerator.
+#ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+#define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+
+#include <cstddef>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::shard::detail {
+
+class ParameterGather;
+
+class GradientSync {
+ public:
+  /// sync_now: the Accelerator's one "synchronise gradients now" flag
+  /// (TrainingState::sync_gradients, false on the non-sync micro-steps of
+  /// accumulate()); null: always.
+  explicit GradientSync(std::shared_ptr<const bool> sync_now = nullptr) : sync_now_(std::move(sync_now)) {}
+  virtual ~GradientSync() = default;
+
+  /// Inside accumulate(model) the model follows the sync flag; outside it,
+  /// every backward synchronises.
+  void set_accumulating(bool accumulating) { accumulating_ = accumulating; }
+  /// Whether this backward communicates: no communication at all otherwise.
+  bool sync_now() const { return !accumulating_ || sync_now_ == nullptr || *sync_now_; }
+
+  /// Starts what backward did not start (buckets of parameters that got no
+  /// gradient), waits for everything in flight: afterwards every gradient on
+  /// this rank is the average over ranks.
+  virtual void finalize() = 0;
+  /// Before each forward of the prepared model: re-attach what the user may
+  /// have detached since (Module::load replaces gradient accumulators).
+  virtual void before_forward() {}
+  /// join_uneven_inputs() on a rank out of data, while the others run a
+  /// backward: contribute zero gradients to every bucket's reduction, in the
+  /// same order, and wait (afterwards the gradients are the others' average).
+  virtual void shadow_backward() {}
+  /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
+  /// Accelerator::register_comm_hook); null where nothing is communicated.
+  virtual comm::Hook* comm_hook() const { return nullptr; }
+  virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
+  /// Under shard::ShardParameters, how the model's forward gathers its
+  /// parameters; null where every rank holds them whole.
+  virtual ParameterGather* parameter_gather() { return nullptr; }
+
+ private:
+  std::shared_ptr<const bool> sync_now_;
+  bool accumulating_ = false;
+};
+
+/// What a sharded model's policy does around the optimizer whose parameters
+/// are this rank's partitions (shard::ShardOptimizer, ShardGradients).
+class OptimizerPartition {
+ public:
+  virtual ~OptimizerPartition() = default;
+  /// Zeroes (or releases) every gradient the model holds, not only the
+  /// partitions' that the optimizer sees.
+  virtual void zero_grad() = 0;
+  /// After the inner optimizer step: make every rank's full parameters the
+  /// updated ones again (all-gather). stepped is false when it was skipped.
+  virtual void after_step(bool stepped) = 0;
+};
+
+/// ZeRO-3 (shard::ShardParameters): each rank holds a partition of the
+/// parameters; the whole values exist only while a unit computes. Units are
+/// numbered as units_of() (parameter_units.hpp) numbers them. Every call is a
+/// collective where it gathers: all ranks make the same calls in the same order.
+class ParameterGather {
+ public:
+  virtual ~ParameterGather() = default;
+  /// Makes unit u's parameters (and any tied parameter it uses) whole.
+  virtual void gather_unit(std::size_t u) = 0;
+  /// Frees what gather_unit(u) made whole.
+  virtual void release_unit(std::size_t u) = 0;
+  /// Unit u's backward is next (units run as a chain): the units after it
+  /// are done with theirs and are freed; unit u is gathered.
+  virtual void gather_for_backward(std::size_t u) = 0;
+  /// The model's forward begins: with shard::Unit modules, the parameters
+  /// outside them become whole (until backward); without, all of them.
+  virtual void gather_for_forward() = 0;
+  /// The model names its units with shard::Unit (units_of()).
+  virtual bool has_named_units() const = 0;
+  virtual void gather_all() = 0;
+  virtual void release_all() = 0;
+  /// Streaming save_model: makes whole the bucket holding t, when t is one
+  /// of this model's sharded parameters, and frees the bucket the previous
+  /// call made whole (release_all() ends the stream). False when t is not
+  /// one of them (a buffer, a frozen parameter, another model's).
+  virtual bool gather_holding(const torch::Tensor& t) = 0;
+  /// After the parameters were written while whole (load_state): each
+  /// rank's partition takes the new values.
+  virtual void keep_written_values() = 0;
+};
+
+/// The policy for one process: gradients are already complete.
+class NoSync final : public GradientSync {
+ public:
+  void finalize() override {}
+};
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
+// end <accel/shard/detail/gradient_sync.hpp>
+
+namespace accel::shard::detail {
+
+/// A unit's number in its model and the model's gradient sync, set by
+/// prepare(). Unbound (one process, or another shard policy), a unit
+/// computes as the module it wraps.
+class UnitSlot {
+ public:
+  virtual ~UnitSlot() = default;
+  void bind(std::weak_ptr<GradientSync> sync, std::size_t index) {
+    sync_ = std::move(sync);
+    index_ = index;
+  }
+
+ protected:
+  /// The model's ParameterGather (ShardParameters on several processes), or null.
+  ParameterGather* gather() const {
+    const auto sync = sync_.lock();
+    return sync ? sync->parameter_gather() : nullptr;
+  }
+  const std::weak_ptr<GradientSync>& sync() const { return sync_; }
+  std::size_t index() const { return index_; }
+
+ private:
+  std::weak_ptr<GradientSync> sync_;
+  std::size_t index_ = 0;
+};
+
+/// The modules of `model` that are shard::Unit, in named_modules() order
+/// (the model itself excluded). A unit inside another is refused: its
+/// parameters would belong to both.
+inline std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named_units(
+    const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (dynamic_cast<UnitSlot*>(item.value().get()) == nullptr) continue;
+    for (const auto& [outer, unit] : out)
+      ACCEL_CHECK(item.key().rfind(outer + ".", 0) != 0, "accel: shard::Unit '", item.key(),
+                  "' is inside shard::Unit '", outer, "'. Units must not nest: wrap either the "
+                  "outer module or the modules inside it.");
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_UNIT_SLOT_HPP
+// end <accel/shard/detail/unit_slot.hpp>
+
+namespace accel::shard {
+
+namespace detail {
+/// R(A...) for a member function R (C::*)(A...), const or not.
+template <class Method>
+struct forward_signature;
+template <class C, class R, class... A>
+struct forward_signature<R (C::*)(A...)> {
+  using type = R(A...);
+};
+template <class C, class R, class... A>
+struct forward_signature<R (C::*)(A...) const> {
+  using type = R(A...);
+};
+}  // namespace detail
+
+/// Wraps a module (a ModuleHolder: torch::nn::Linear, a TORCH_MODULE type)
+/// so that under ShardParameters its parameters are gathered just for its
+/// forward, and again for its backward, as a Sequential's modules are. The
+/// wrapper registers the wrapped module's parameters, buffers and children
+/// under their own names, so state dicts, save_model() and checkpoints name
+/// them as without it, and its forward has the wrapped module's signature
+/// (one forward, not a template or overloaded: a Sequential cannot be
+/// wrapped, wrap its modules), so a Unit can live in a Sequential or a
+/// ModuleList too. Under any other policy, and on one process, it only
+/// forwards.
+template <class Holder, class Signature = typename detail::forward_signature<
+                            decltype(&Holder::ContainedType::forward)>::type>
+class UnitImpl;
+
+template <class Holder, class R, class... A>
+class UnitImpl<Holder, R(A...)> : public torch::nn::Module, public detail::UnitSlot {
+ public:
+  explicit UnitImpl(Holder inner) : inner_(std::move(inner)) {
+    ACCEL_CHECK(!inner_.is_empty(), "accel: shard::Unit of an empty module holder. Construct the "
+                "module first: shard::Unit<Block>(Block(...)).");
+    for (const auto& p : inner_->named_parameters(/*recurse=*/false))
+      register_parameter(p.key(), p.value(), p.value().requires_grad());
+    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+    for (const auto& c : inner_->named_children()) register_module(c.key(), c.value());
+  }
+
+  R forward(A... args) {
+    auto* gather = this->gather();
+    if (gather == nullptr) return inner_->forward(std::forward<A>(args)...);
+    const bool grad = torch::GradMode::is_enabled();
+    gather->gather_unit(index());
+    // Freed after the forward, also when it throws; a result that backward
+    // reaches without a hook to gather for it (not one tensor) keeps the
+    // parameters until their gradients are reduce-scattered.
+    struct Release {
+      detail::ParameterGather* gather;
+      std::size_t unit;
+      bool keep = false;
+      ~Release() {
+        if (!keep) gather->release_unit(unit);
+      }
+    } release{gather, index()};
+    if constexpr (std::is_void_v<R>) {
+      inner_->forward(std::forward<A>(args)...);
+    } else {
+      R out = inner_->forward(std::forward<A>(args)...);
+      if constexpr (std::is_same_v<R, torch::Tensor>) {
+        if (grad && out.defined() && out.requires_grad())
+          out.register_hook([weak = sync(), unit = index()](const torch::Tensor&) {
+            if (auto s = weak.lock())
+              if (auto* g = s->parameter_gather()) g->gather_for_backward(unit);
+          });
+      } else {
+        release.keep = grad;
+      }
+      return out;
+    }
+  }
+
+  /// train()/eval() reach the wrapped module itself, not only its children.
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_->train(on);
+  }
+
+  Holder& module() { return inner_; }
+
+ private:
+  Holder inner_;
+};
+
+/// The holder of UnitImpl<Holder>: declare a member as
+/// `accel::shard::Unit<Block> block{nullptr};` and register
+/// `accel::shard::Unit<Block>(Block(...))` where Block was registered.
+template <class Holder>
+class Unit : public torch::nn::ModuleHolder<UnitImpl<Holder>> {
+ public:
+  using torch::nn::ModuleHolder<UnitImpl<Holder>>::ModuleHolder;
+};
+
+}  // namespace accel::shard
+
+#endif  // ACCEL_SHARD_UNIT_HPP
+// end <accel/shard/unit.hpp>
 
 #endif  // ACCEL_SHARD_HPP
 // end <accel/shard.hpp>
@@ -10883,112 +11173,6 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 
 #include <torch/torch.h>
 
-// begin <accel/shard/detail/gradient_sync.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Declares accel::shard::detail::GradientSync, what a prepared model's
-/// shard policy does with gradients, as seen by the optimizer and the Accelerator.
-#ifndef ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
-#define ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
-
-#include <cstddef>
-#include <memory>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace accel::shard::detail {
-
-class ParameterGather;
-
-class GradientSync {
- public:
-  /// sync_now: the Accelerator's one "synchronise gradients now" flag
-  /// (TrainingState::sync_gradients, false on the non-sync micro-steps of
-  /// accumulate()); null: always.
-  explicit GradientSync(std::shared_ptr<const bool> sync_now = nullptr) : sync_now_(std::move(sync_now)) {}
-  virtual ~GradientSync() = default;
-
-  /// Inside accumulate(model) the model follows the sync flag; outside it,
-  /// every backward synchronises.
-  void set_accumulating(bool accumulating) { accumulating_ = accumulating; }
-  /// Whether this backward communicates: no communication at all otherwise.
-  bool sync_now() const { return !accumulating_ || sync_now_ == nullptr || *sync_now_; }
-
-  /// Starts what backward did not start (buckets of parameters that got no
-  /// gradient), waits for everything in flight: afterwards every gradient on
-  /// this rank is the average over ranks.
-  virtual void finalize() = 0;
-  /// Before each forward of the prepared model: re-attach what the user may
-  /// have detached since (Module::load replaces gradient accumulators).
-  virtual void before_forward() {}
-  /// join_uneven_inputs() on a rank out of data, while the others run a
-  /// backward: contribute zero gradients to every bucket's reduction, in the
-  /// same order, and wait (afterwards the gradients are the others' average).
-  virtual void shadow_backward() {}
-  /// How buckets are averaged across ranks (AcceleratorOptions::comm_hook,
-  /// Accelerator::register_comm_hook); null where nothing is communicated.
-  virtual comm::Hook* comm_hook() const { return nullptr; }
-  virtual void set_comm_hook(std::shared_ptr<comm::Hook> /*hook*/) {}
-  /// Under shard::ShardParameters, how the model's forward gathers its
-  /// parameters; null where every rank holds them whole.
-  virtual ParameterGather* parameter_gather() { return nullptr; }
-
- private:
-  std::shared_ptr<const bool> sync_now_;
-  bool accumulating_ = false;
-};
-
-/// What a sharded model's policy does around the optimizer whose parameters
-/// are this rank's partitions (shard::ShardOptimizer, ShardGradients).
-class OptimizerPartition {
- public:
-  virtual ~OptimizerPartition() = default;
-  /// Zeroes (or releases) every gradient the model holds, not only the
-  /// partitions' that the optimizer sees.
-  virtual void zero_grad() = 0;
-  /// After the inner optimizer step: make every rank's full parameters the
-  /// updated ones again (all-gather). stepped is false when it was skipped.
-  virtual void after_step(bool stepped) = 0;
-};
-
-/// ZeRO-3 (shard::ShardParameters): each rank holds a partition of the
-/// parameters; the whole values exist only while a unit computes. Units are
-/// numbered as the model's children (unit_of_parameters). Every call is a
-/// collective where it gathers: all ranks make the same calls in the same order.
-class ParameterGather {
- public:
-  virtual ~ParameterGather() = default;
-  /// Makes unit u's parameters (and any tied parameter it uses) whole.
-  virtual void gather_unit(std::size_t u) = 0;
-  /// Frees what gather_unit(u) made whole.
-  virtual void release_unit(std::size_t u) = 0;
-  /// Unit u's backward is next (units run as a chain): the units after it
-  /// are done with theirs and are freed; unit u is gathered.
-  virtual void gather_for_backward(std::size_t u) = 0;
-  virtual void gather_all() = 0;
-  virtual void release_all() = 0;
-  /// Streaming save_model: makes whole the bucket holding t, when t is one
-  /// of this model's sharded parameters, and frees the bucket the previous
-  /// call made whole (release_all() ends the stream). False when t is not
-  /// one of them (a buffer, a frozen parameter, another model's).
-  virtual bool gather_holding(const torch::Tensor& t) = 0;
-  /// After the parameters were written while whole (load_state): each
-  /// rank's partition takes the new values.
-  virtual void keep_written_values() = 0;
-};
-
-/// The policy for one process: gradients are already complete.
-class NoSync final : public GradientSync {
- public:
-  void finalize() override {}
-};
-
-}  // namespace accel::shard::detail
-
-#endif  // ACCEL_SHARD_DETAIL_GRADIENT_SYNC_HPP
-// end <accel/shard/detail/gradient_sync.hpp>
 
 namespace accel::detail {
 
@@ -11322,25 +11506,26 @@ class PreparedModel {
 
   // shard::ShardParameters: a Sequential runs module by module, each one's
   // parameters gathered just for its forward and again, from a hook on its
-  // output's gradient, for its backward. Any other model is gathered whole;
-  // when its output carries gradients the parameters stay until backward
-  // hands each bucket's gradients to the reduce-scatter.
+  // output's gradient, for its backward. In a model with shard::Unit modules
+  // they do the same (shard/unit.hpp), and the parameters outside them are
+  // gathered here. Any other model is gathered whole. When the output carries
+  // gradients, what is gathered here stays until backward hands each
+  // bucket's gradients to the reduce-scatter.
   template <class... A>
   auto gathered_forward(shard::detail::ParameterGather& gather, A&&... args)
       -> decltype(get()->forward(std::forward<A>(args)...)) {
     using R = decltype(get()->forward(std::forward<A>(args)...));
     if constexpr (std::is_same_v<module_type, torch::nn::SequentialImpl> && std::is_same_v<R, torch::Tensor>) {
-      return forward_by_unit(gather, std::forward<A>(args)...);
+      if (!gather.has_named_units()) return forward_by_unit(gather, std::forward<A>(args)...);
+    }
+    gather.gather_for_forward();
+    if constexpr (std::is_void_v<R>) {
+      get()->forward(std::forward<A>(args)...);
+      if (!torch::GradMode::is_enabled()) gather.release_all();
     } else {
-      gather.gather_all();
-      if constexpr (std::is_void_v<R>) {
-        get()->forward(std::forward<A>(args)...);
-        if (!torch::GradMode::is_enabled()) gather.release_all();
-      } else {
-        R out = get()->forward(std::forward<A>(args)...);
-        if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
-        return out;
-      }
+      R out = get()->forward(std::forward<A>(args)...);
+      if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
+      return out;
     }
   }
 
@@ -15036,6 +15221,7 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -15045,11 +15231,16 @@ class BucketReducer final : public GradientSync, private BucketReduction {
 
 namespace accel::shard::detail {
 
-/// Unit u is the model's u-th child (one level: a Sequential's modules in
-/// order); parameters registered on the model itself form one more unit.
+/// Without shard::Unit in the model, unit u is the model's u-th child (one
+/// level: a Sequential's modules in order) and parameters registered on the
+/// model itself form one more unit. With them (named_units()), unit 0 is
+/// every parameter outside them, held whole from the start of the model's
+/// forward until backward reduce-scatters its gradients, and unit u is the
+/// u-th shard::Unit.
 struct ParameterUnits {
   std::vector<std::vector<std::size_t>> uses;  ///< per unit: the trainable parameters it computes with
   std::vector<int> owner;                      ///< per parameter: the first unit using it (its buckets' unit)
+  bool named = false;                          ///< units are shard::Unit modules, and unit 0 is held
 };
 
 inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector<torch::Tensor>& trainable) {
@@ -15066,10 +15257,34 @@ inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector
       if (units.owner[it->second] < 0) units.owner[it->second] = static_cast<int>(u);
     }
   };
+  if (const auto named = named_units(model); !named.empty()) {
+    units.named = true;
+    // Unit 0: the parameters of the modules outside every unit.
+    std::vector<torch::Tensor> outside = model.parameters(/*recurse=*/false);
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+      bool inside = false;
+      for (const auto& [name, unit] : named)
+        inside = inside || item.key() == name || item.key().rfind(name + ".", 0) == 0;
+      if (inside) continue;
+      const auto own = item.value()->parameters(/*recurse=*/false);
+      outside.insert(outside.end(), own.begin(), own.end());
+    }
+    add(0, outside);
+    for (std::size_t u = 0; u < named.size(); ++u) add(u + 1, named[u].second->parameters());
+    return units;
+  }
   const auto children = model.children();
   for (std::size_t u = 0; u < children.size(); ++u) add(u, children[u]->parameters());
   add(children.size(), model.parameters(/*recurse=*/false));
   return units;
+}
+
+/// prepare(): tells each shard::Unit of the model its number and the
+/// model's gradient sync.
+inline void bind_named_units(const torch::nn::Module& model, const std::shared_ptr<GradientSync>& sync) {
+  const auto named = named_units(model);
+  for (std::size_t u = 0; u < named.size(); ++u)
+    dynamic_cast<UnitSlot&>(*named[u].second).bind(sync, u + 1);
 }
 
 /// The buckets of a sharded model: one optimizer group's parameters each
@@ -15252,7 +15467,8 @@ class ZeroReducer final : public GradientSync,
         if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
   }
   void release_unit(std::size_t u) override {
-    for (auto b : unit_buckets_.at(u)) release(b);
+    for (auto b : unit_buckets_.at(u))
+      if (u == 0 || !held(b)) release(b);
   }
   void gather_for_backward(std::size_t u) override {
     // Freed first (on the non-sync micro-steps of accumulate() nothing else
@@ -15260,11 +15476,16 @@ class ZeroReducer final : public GradientSync,
     const auto& mine = unit_buckets_.at(u);
     for (std::size_t v = u + 1; v < unit_buckets_.size(); ++v)
       for (auto b : unit_buckets_[v])
-        if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
+        if (!std::binary_search(mine.begin(), mine.end(), b) && !held(b)) release(b);
     make_whole(mine);
     if (prefetch_)
       for (auto v = u; v-- > 0;)
         if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
+  }
+  bool has_named_units() const override { return units_ && units_->named; }
+  void gather_for_forward() override {
+    if (has_named_units()) return gather_unit(0);
+    gather_all();
   }
   void gather_all() override {
     std::vector<std::size_t> all(buckets_.size());
@@ -15393,6 +15614,12 @@ class ZeroReducer final : public GradientSync,
         unit_buckets_.push_back(std::move(bs));
       }
     reset_peak_parameter_bytes();
+  }
+
+  // ZeRO-3 with shard::Unit: bucket b holds parameters outside the units,
+  // whole from the model's forward until backward reduce-scatters them.
+  bool held(std::size_t b) const {
+    return units_ && units_->named && std::binary_search(unit_buckets_[0].begin(), unit_buckets_[0].end(), b);
   }
 
   // ZeRO-3: buckets bs hold the parameters when this returns.
@@ -16906,6 +17133,7 @@ class Accelerator {
         auto zero = std::make_shared<shard::detail::ZeroReducer>(
             std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
             make_comm_hook(), std::move(units), prefetch_parameters());
+        if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(*module, zero);
         state_->sharded.push_back(zero);
         sync = std::move(zero);
       } else {

@@ -160,25 +160,26 @@ class PreparedModel {
 
   // shard::ShardParameters: a Sequential runs module by module, each one's
   // parameters gathered just for its forward and again, from a hook on its
-  // output's gradient, for its backward. Any other model is gathered whole;
-  // when its output carries gradients the parameters stay until backward
-  // hands each bucket's gradients to the reduce-scatter.
+  // output's gradient, for its backward. In a model with shard::Unit modules
+  // they do the same (shard/unit.hpp), and the parameters outside them are
+  // gathered here. Any other model is gathered whole. When the output carries
+  // gradients, what is gathered here stays until backward hands each
+  // bucket's gradients to the reduce-scatter.
   template <class... A>
   auto gathered_forward(shard::detail::ParameterGather& gather, A&&... args)
       -> decltype(get()->forward(std::forward<A>(args)...)) {
     using R = decltype(get()->forward(std::forward<A>(args)...));
     if constexpr (std::is_same_v<module_type, torch::nn::SequentialImpl> && std::is_same_v<R, torch::Tensor>) {
-      return forward_by_unit(gather, std::forward<A>(args)...);
+      if (!gather.has_named_units()) return forward_by_unit(gather, std::forward<A>(args)...);
+    }
+    gather.gather_for_forward();
+    if constexpr (std::is_void_v<R>) {
+      get()->forward(std::forward<A>(args)...);
+      if (!torch::GradMode::is_enabled()) gather.release_all();
     } else {
-      gather.gather_all();
-      if constexpr (std::is_void_v<R>) {
-        get()->forward(std::forward<A>(args)...);
-        if (!torch::GradMode::is_enabled()) gather.release_all();
-      } else {
-        R out = get()->forward(std::forward<A>(args)...);
-        if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
-        return out;
-      }
+      R out = get()->forward(std::forward<A>(args)...);
+      if (!torch::GradMode::is_enabled() || !detail::may_need_backward(out)) gather.release_all();
+      return out;
     }
   }
 

@@ -13,7 +13,8 @@ namespace accel::shard {
 /// parameters too. A unit's parameters are all-gathered just before its
 /// forward and freed after it, gathered again for its backward and freed
 /// once their gradients are reduce-scattered. Units: the children of a
-/// torch::nn::Sequential; any other model is one unit (docs/sharding.md).
+/// torch::nn::Sequential, or the modules wrapped in shard::Unit (any model);
+/// any other model is one unit (docs/sharding.md).
 struct ShardParameters {
   static constexpr std::string_view name = "ShardParameters";
   /// The value of Accelerate-style config files and `accel launch` flags.

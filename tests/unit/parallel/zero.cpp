@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
 #include "catch.hpp"
@@ -496,4 +497,141 @@ TEMPLATE_TEST_CASE("A save_model() that fails on the main process fails on every
   // The first save is still there, whole (its index checks its 4 shards).
   const auto loaded = accel::ckpt::load_checkpoint(index);
   CHECK(loaded.size() == 6);
+}
+
+namespace {
+std::vector<torch::Tensor> load_tensors(const std::string& file) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, file);
+  return v;
+}
+
+/// A residual block: its unit's input needs a gradient as well.
+struct BlockImpl : torch::nn::Module {
+  torch::nn::Linear fc{nullptr};
+  explicit BlockImpl(int64_t width) : fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(fc(x)) + x; }
+};
+TORCH_MODULE(Block);
+
+/// Not a Sequential: an input layer and a head (outside every unit) around
+/// six blocks, each a shard::Unit when `wrap`; the same model, the same
+/// initial values and names without.
+struct UnitNetImpl : torch::nn::Module {
+  explicit UnitNetImpl(bool wrap) {
+    torch::manual_seed(5);
+    in = register_module("in", torch::nn::Linear(32, 64));
+    for (int i = 0; i < 6; ++i) {
+      Block block(64);
+      const auto name = "block" + std::to_string(i);
+      if (wrap) {
+        units.push_back(register_module(name, accel::shard::Unit<Block>(block)));
+        layers.push_back([u = units.back()](const torch::Tensor& x) mutable { return u(x); });
+      } else {
+        register_module(name, block);
+        layers.push_back([block](const torch::Tensor& x) mutable { return block(x); });
+      }
+    }
+    head = register_module("head", torch::nn::Linear(64, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(in(x));
+    for (auto& layer : layers) x = layer(x);
+    return head(x);
+  }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  std::vector<accel::shard::Unit<Block>> units;
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> layers;
+};
+TORCH_MODULE(UnitNet);
+
+/// 10 steps of Adam on 2 processes; rank r writes its parameters (named
+/// order) and [parameter bytes between steps, peak after step 1, evaluation loss].
+template <class Shard>
+void train_units(std::string out) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
+      accel::AcceleratorOptions{.bucket_cap_mb = 0.01, .prefetch_parameters = false});
+  UnitNet model(true);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [m, opt] = acc.prepare(model, adam);
+  torch::manual_seed(6);
+  const auto x = torch::randn({10 * 32, 32});
+  const auto y = torch::randint(10, {10 * 32});
+  const int64_t r = acc.process_index();
+  for (int64_t s = 0; s < 10; ++s) {
+    const auto rows = x.narrow(0, 32 * s + 16 * r, 16);
+    acc.backward(torch::cross_entropy_loss(m(rows), y.narrow(0, 32 * s + 16 * r, 16)));
+    opt.step();
+    opt.zero_grad();
+    if (auto* z = zero_of(m); z && s == 0) z->reset_peak_parameter_bytes();
+  }
+  double held = 0, peak = 0, eval_loss = 0;
+  if (auto* z = zero_of(m)) {
+    held = static_cast<double>(z->parameter_bytes());
+    peak = static_cast<double>(z->peak_parameter_bytes());
+  }
+  {
+    m->eval();
+    torch::NoGradGuard no_grad;
+    eval_loss = torch::cross_entropy_loss(m(x.narrow(0, 0, 64)), y.narrow(0, 0, 64)).template item<double>();
+  }
+  auto saved = accel_test::whole_parameters(acc, m, out + "_model");
+  saved.push_back(torch::tensor(std::vector<double>{held, peak, eval_loss}, torch::kDouble));
+  torch::save(saved, out + "_" + std::to_string(r) + ".pt");
+}
+}  // namespace
+
+TEST_CASE("shard::Unit keeps the wrapped module's names, and train()/eval() reach it",
+          "[parallel][zero][unit]") {
+  UnitNet wrapped(true), plain(false);
+  std::vector<std::string> names, plain_names;
+  for (const auto& p : wrapped->named_parameters()) names.push_back(p.key());
+  for (const auto& p : plain->named_parameters()) plain_names.push_back(p.key());
+  CHECK(names == plain_names);
+  CHECK(names.at(2) == "block0.fc.weight");
+  CHECK(workload::max_abs_diff(wrapped->parameters(), plain->parameters()) == 0);
+  wrapped->eval();
+  CHECK_FALSE(wrapped->units[0]->module()->is_training());
+  CHECK_FALSE(wrapped->units[0]->module()->fc->is_training());
+  // A Unit lives in a Sequential too; units must not nest.
+  torch::nn::Sequential outer;
+  outer->push_back(accel::shard::Unit<UnitNet>(UnitNet(true)));
+  CHECK(outer->forward(torch::ones({2, 32})).sizes() == torch::IntArrayRef({2, 10}));
+  CHECK_THROWS_WITH(accel::shard::detail::named_units(*outer),
+                    Catch::Matchers::ContainsSubstring("shard::Unit '0.block0' is inside shard::Unit '0'"));
+}
+
+// Issue 16: units the user names. Under ShardParameters the model's peak
+// parameter bytes stay at its chunks + the parameters outside the units +
+// one unit, where gathering it whole would hold the chunks + the whole model.
+TEST_CASE("shard::Unit: a model that is not a Sequential is gathered unit by unit and equals Replicate",
+          "[parallel][gloo][zero][unit]") {
+  const auto out = scratch("zero_units").string();
+  const auto lo = accel_test::local_processes(2, std::chrono::seconds(120));
+  accel::notebook_launcher(train_units<accel::shard::Replicate>, std::make_tuple(out + "_replicate"), lo);
+  accel::notebook_launcher(train_units<accel::shard::ShardParameters>, std::make_tuple(out + "_zero3"), lo);
+  UnitNet shape(true);
+  double full = 0, outside = 0;
+  for (const auto& p : shape->named_parameters()) {
+    full += static_cast<double>(p.value().nbytes());
+    if (p.key().rfind("block", 0) != 0) outside += static_cast<double>(p.value().nbytes());
+  }
+  const double unit = 4.0 * (64 * 64 + 64), padding = 4.0 * 2 * 16;
+  for (int r = 0; r < 2; ++r) {
+    auto reference = load_tensors(out + "_replicate_" + std::to_string(r) + ".pt");
+    auto zero3 = load_tensors(out + "_zero3_" + std::to_string(r) + ".pt");
+    const auto ref_stats = reference.back(), stats = zero3.back();
+    reference.pop_back();
+    zero3.pop_back();
+    const double held = stats[0].item<double>(), peak = stats[1].item<double>();
+    INFO("rank " << r << ": parameter bytes " << held << " between steps, peak " << peak << "; whole model "
+         << full << ", outside the units " << outside << ", one unit " << unit);
+    CHECK(workload::max_abs_diff(zero3, reference) <= 1e-5);
+    CHECK(stats[2].item<double>() == Approx(ref_stats[2].item<double>()).epsilon(1e-5));
+    CHECK(held >= full / 2);
+    CHECK(held <= full / 2 + padding);
+    CHECK(peak >= full / 2 + outside + unit);
+    CHECK(peak <= (full / 2 + outside + unit + padding) * 1.05);
+    CHECK(peak < full);
+  }
 }

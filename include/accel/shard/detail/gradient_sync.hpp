@@ -70,7 +70,7 @@ class OptimizerPartition {
 
 /// ZeRO-3 (shard::ShardParameters): each rank holds a partition of the
 /// parameters; the whole values exist only while a unit computes. Units are
-/// numbered as the model's children (unit_of_parameters). Every call is a
+/// numbered as units_of() (parameter_units.hpp) numbers them. Every call is a
 /// collective where it gathers: all ranks make the same calls in the same order.
 class ParameterGather {
  public:
@@ -82,6 +82,11 @@ class ParameterGather {
   /// Unit u's backward is next (units run as a chain): the units after it
   /// are done with theirs and are freed; unit u is gathered.
   virtual void gather_for_backward(std::size_t u) = 0;
+  /// The model's forward begins: with shard::Unit modules, the parameters
+  /// outside them become whole (until backward); without, all of them.
+  virtual void gather_for_forward() = 0;
+  /// The model names its units with shard::Unit (units_of()).
+  virtual bool has_named_units() const = 0;
   virtual void gather_all() = 0;
   virtual void release_all() = 0;
   /// Streaming save_model: makes whole the bucket holding t, when t is one

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -14,14 +15,20 @@
 #include <torch/torch.h>
 
 #include <accel/shard/detail/bucket_plan.hpp>
+#include <accel/shard/detail/unit_slot.hpp>
 
 namespace accel::shard::detail {
 
-/// Unit u is the model's u-th child (one level: a Sequential's modules in
-/// order); parameters registered on the model itself form one more unit.
+/// Without shard::Unit in the model, unit u is the model's u-th child (one
+/// level: a Sequential's modules in order) and parameters registered on the
+/// model itself form one more unit. With them (named_units()), unit 0 is
+/// every parameter outside them, held whole from the start of the model's
+/// forward until backward reduce-scatters its gradients, and unit u is the
+/// u-th shard::Unit.
 struct ParameterUnits {
   std::vector<std::vector<std::size_t>> uses;  ///< per unit: the trainable parameters it computes with
   std::vector<int> owner;                      ///< per parameter: the first unit using it (its buckets' unit)
+  bool named = false;                          ///< units are shard::Unit modules, and unit 0 is held
 };
 
 inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector<torch::Tensor>& trainable) {
@@ -38,10 +45,34 @@ inline ParameterUnits units_of(const torch::nn::Module& model, const std::vector
       if (units.owner[it->second] < 0) units.owner[it->second] = static_cast<int>(u);
     }
   };
+  if (const auto named = named_units(model); !named.empty()) {
+    units.named = true;
+    // Unit 0: the parameters of the modules outside every unit.
+    std::vector<torch::Tensor> outside = model.parameters(/*recurse=*/false);
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+      bool inside = false;
+      for (const auto& [name, unit] : named)
+        inside = inside || item.key() == name || item.key().rfind(name + ".", 0) == 0;
+      if (inside) continue;
+      const auto own = item.value()->parameters(/*recurse=*/false);
+      outside.insert(outside.end(), own.begin(), own.end());
+    }
+    add(0, outside);
+    for (std::size_t u = 0; u < named.size(); ++u) add(u + 1, named[u].second->parameters());
+    return units;
+  }
   const auto children = model.children();
   for (std::size_t u = 0; u < children.size(); ++u) add(u, children[u]->parameters());
   add(children.size(), model.parameters(/*recurse=*/false));
   return units;
+}
+
+/// prepare(): tells each shard::Unit of the model its number and the
+/// model's gradient sync.
+inline void bind_named_units(const torch::nn::Module& model, const std::shared_ptr<GradientSync>& sync) {
+  const auto named = named_units(model);
+  for (std::size_t u = 0; u < named.size(); ++u)
+    dynamic_cast<UnitSlot&>(*named[u].second).bind(sync, u + 1);
 }
 
 /// The buckets of a sharded model: one optimizer group's parameters each

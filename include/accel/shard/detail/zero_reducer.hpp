@@ -188,7 +188,8 @@ class ZeroReducer final : public GradientSync,
         if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
   }
   void release_unit(std::size_t u) override {
-    for (auto b : unit_buckets_.at(u)) release(b);
+    for (auto b : unit_buckets_.at(u))
+      if (u == 0 || !held(b)) release(b);
   }
   void gather_for_backward(std::size_t u) override {
     // Freed first (on the non-sync micro-steps of accumulate() nothing else
@@ -196,11 +197,16 @@ class ZeroReducer final : public GradientSync,
     const auto& mine = unit_buckets_.at(u);
     for (std::size_t v = u + 1; v < unit_buckets_.size(); ++v)
       for (auto b : unit_buckets_[v])
-        if (!std::binary_search(mine.begin(), mine.end(), b)) release(b);
+        if (!std::binary_search(mine.begin(), mine.end(), b) && !held(b)) release(b);
     make_whole(mine);
     if (prefetch_)
       for (auto v = u; v-- > 0;)
         if (!unit_buckets_[v].empty()) return start_gathers(unit_buckets_[v]);
+  }
+  bool has_named_units() const override { return units_ && units_->named; }
+  void gather_for_forward() override {
+    if (has_named_units()) return gather_unit(0);
+    gather_all();
   }
   void gather_all() override {
     std::vector<std::size_t> all(buckets_.size());
@@ -329,6 +335,12 @@ class ZeroReducer final : public GradientSync,
         unit_buckets_.push_back(std::move(bs));
       }
     reset_peak_parameter_bytes();
+  }
+
+  // ZeRO-3 with shard::Unit: bucket b holds parameters outside the units,
+  // whole from the model's forward until backward reduce-scatters them.
+  bool held(std::size_t b) const {
+    return units_ && units_->named && std::binary_search(unit_buckets_[0].begin(), unit_buckets_[0].end(), b);
   }
 
   // ZeRO-3: buckets bs hold the parameters when this returns.
