@@ -17,7 +17,12 @@
 // (runtime::CountingCommunicator: the tensor of an all-reduce, the input of
 // an all-gather or reduce-scatter). ShardParameters runs twice: gathering
 // each unit when it computes, and with prefetch_parameters (the next unit's
-// all-gather started while the current one computes).
+// all-gather started while the current one computes). After the steps each
+// run calls save_model() (to /tmp, removed afterwards): "save_model" is the
+// most parameter bytes the rank held meanwhile (ZeRO-3 streams one bucket at
+// a time) and its duration.
+//
+//   zero_memory ... [processes] [only]   only: the policies whose name starts so
 #include <accel/accelerator.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/runtime/counting_communicator.hpp>
@@ -26,6 +31,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -110,15 +116,28 @@ void worker(std::string out, int64_t hidden, int layers, int steps, int64_t batc
   }
   int64_t params = 0;
   for (auto& p : model->parameters()) params += p.numel();
+  const double rss = peak_rss_mb() - entry_rss;  // before save_model
+  if (zero) zero->reset_peak_parameter_bytes();
+  const std::string save_dir = out + "_model";
+  acc.wait_for_everyone();
+  const auto s0 = std::chrono::steady_clock::now();
+  acc.save_model(m, save_dir);
+  const double save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+  const int64_t save_peak = zero ? zero->peak_parameter_bytes() : param_bytes;
+  if (acc.is_main_process()) std::filesystem::remove_all(save_dir);
   std::ofstream f(out + "_" + std::to_string(acc.process_index()) + ".txt");
-  f << params << ' ' << peak_rss_mb() - entry_rss << ' ' << seconds / steps << ' '
+  f << params << ' ' << rss << ' ' << seconds / steps << ' '
     << state_bytes / 1e6 << ' ' << grad_bytes / 1e6 << ' ' << param_bytes / 1e6 << ' '
-    << peak_param_bytes / 1e6 << ' ' << sent_bytes / steps / 1e6 << '\n';
+    << peak_param_bytes / 1e6 << ' ' << sent_bytes / steps / 1e6 << ' ' << save_peak / 1e6 << ' '
+    << save_seconds << '\n';
 }
+
+std::string only;  ///< argv[6]: run the policies whose name starts so
 
 template <class Shard>
 void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch, int processes,
          bool prefetch = false) {
+  if (std::string(name).rfind(only, 0) != 0) return;
   const std::string out = "/tmp/zero_memory_" + std::to_string(::getpid());
   accel::LaunchOptions lo;
   lo.num_processes = processes;
@@ -128,9 +147,10 @@ void run(const char* name, int64_t hidden, int layers, int steps, int64_t batch,
   for (int r = 0; r < processes; ++r) {
     std::ifstream f(out + "_" + std::to_string(r) + ".txt");
     double params = 0, peak = 0, step = 0, state = 0, grads = 0, held = 0, held_peak = 0, sent = 0;
-    f >> params >> peak >> step >> state >> grads >> held >> held_peak >> sent;
-    std::printf("| %s | %d/%d | %.1fM | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f | %.3f |\n", name, r, processes,
-                params / 1e6, peak, state, grads, held, held_peak, sent, step);
+    double save_peak = 0, save_seconds = 0;
+    f >> params >> peak >> step >> state >> grads >> held >> held_peak >> sent >> save_peak >> save_seconds;
+    std::printf("| %s | %d/%d | %.1fM | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f | %.3f | %.0f / %.1f |\n", name, r,
+                processes, params / 1e6, peak, state, grads, held, held_peak, sent, step, save_peak, save_seconds);
     std::remove((out + "_" + std::to_string(r) + ".txt").c_str());
   }
 }
@@ -143,9 +163,10 @@ int main(int argc, char** argv) {
   const int steps = argc > 3 ? std::stoi(argv[3]) : 5;
   const int64_t batch = argc > 4 ? std::stoll(argv[4]) : 16;
   const int processes = argc > 5 ? std::stoi(argv[5]) : 2;
+  only = argc > 6 ? argv[6] : "";
   at::set_num_threads(1);
-  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | params held / peak (MB) | sent per step (MB) | step (s) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| policy | rank | params | peak RSS (MB) | Adam state (MB) | grads (MB) | params held / peak (MB) | sent per step (MB) | step (s) | save_model: params peak (MB) / s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   run<accel::shard::Replicate>("Replicate", hidden, layers, steps, batch, processes);
   run<accel::shard::ShardOptimizer>("ShardOptimizer", hidden, layers, steps, batch, processes);
   run<accel::shard::ShardGradients>("ShardGradients", hidden, layers, steps, batch, processes);
