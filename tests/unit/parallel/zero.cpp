@@ -545,12 +545,13 @@ struct UnitNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(UnitNet);
 
-/// 10 steps of Adam on 2 processes; rank r writes its parameters (named
-/// order) and [parameter bytes between steps, peak after step 1, evaluation loss].
+/// 10 micro-steps of Adam on 2 processes (a step every `accumulation`);
+/// rank r writes its parameters (named order) and [parameter bytes between
+/// steps, peak after the first micro-step, evaluation loss].
 template <class Shard>
-void train_units(std::string out) {
-  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(
-      accel::AcceleratorOptions{.bucket_cap_mb = 0.01, .prefetch_parameters = false});
+void train_units(std::string out, bool prefetch, int accumulation) {
+  accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32, Shard> acc(accel::AcceleratorOptions{
+      .gradient_accumulation_steps = accumulation, .bucket_cap_mb = 0.01, .prefetch_parameters = prefetch});
   UnitNet model(true);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
   auto [m, opt] = acc.prepare(model, adam);
@@ -560,6 +561,7 @@ void train_units(std::string out) {
   const int64_t r = acc.process_index();
   for (int64_t s = 0; s < 10; ++s) {
     const auto rows = x.narrow(0, 32 * s + 16 * r, 16);
+    auto guard = acc.accumulate(m);
     acc.backward(torch::cross_entropy_loss(m(rows), y.narrow(0, 32 * s + 16 * r, 16)));
     opt.step();
     opt.zero_grad();
@@ -608,8 +610,12 @@ TEST_CASE("shard::Unit: a model that is not a Sequential is gathered unit by uni
           "[parallel][gloo][zero][unit]") {
   const auto out = scratch("zero_units").string();
   const auto lo = accel_test::local_processes(2, std::chrono::seconds(120));
-  accel::notebook_launcher(train_units<accel::shard::Replicate>, std::make_tuple(out + "_replicate"), lo);
-  accel::notebook_launcher(train_units<accel::shard::ShardParameters>, std::make_tuple(out + "_zero3"), lo);
+  using accel::shard::Replicate, accel::shard::ShardParameters;
+  accel::notebook_launcher(train_units<Replicate>, std::make_tuple(out + "_replicate", false, 1), lo);
+  accel::notebook_launcher(train_units<ShardParameters>, std::make_tuple(out + "_zero3", false, 1), lo);
+  accel::notebook_launcher(train_units<ShardParameters>, std::make_tuple(out + "_prefetch", true, 1), lo);
+  accel::notebook_launcher(train_units<Replicate>, std::make_tuple(out + "_replicate_acc", false, 2), lo);
+  accel::notebook_launcher(train_units<ShardParameters>, std::make_tuple(out + "_zero3_acc", false, 2), lo);
   UnitNet shape(true);
   double full = 0, outside = 0;
   for (const auto& p : shape->named_parameters()) {
@@ -633,5 +639,20 @@ TEST_CASE("shard::Unit: a model that is not a Sequential is gathered unit by uni
     CHECK(peak >= full / 2 + outside + unit);
     CHECK(peak <= (full / 2 + outside + unit + padding) * 1.05);
     CHECK(peak < full);
+    // Prefetch: the same values bit for bit, the next unit whole early.
+    auto prefetched = load_tensors(out + "_prefetch_" + std::to_string(r) + ".pt");
+    const double prefetch_peak = prefetched.back()[1].item<double>();
+    prefetched.pop_back();
+    INFO("with prefetch: peak " << prefetch_peak);
+    CHECK(workload::max_abs_diff(prefetched, zero3) == 0);
+    CHECK(prefetch_peak > peak);
+    CHECK(prefetch_peak <= (full / 2 + outside + 2 * unit + padding) * 1.05);
+    // Gradient accumulation: the non-sync micro-steps keep unit 0 whole.
+    auto reference_acc = load_tensors(out + "_replicate_acc_" + std::to_string(r) + ".pt");
+    auto zero3_acc = load_tensors(out + "_zero3_acc_" + std::to_string(r) + ".pt");
+    reference_acc.pop_back();
+    zero3_acc.pop_back();
+    CHECK(workload::max_abs_diff(zero3_acc, reference_acc) <= 1e-5);
+    CHECK(workload::max_abs_diff(zero3_acc, zero3) > 0);  // 5 steps of 32, not 10 of 16
   }
 }
