@@ -23,7 +23,8 @@
 #include <accel/launch.hpp>
 #include <accel/prepare.hpp>
 #include <accel/accelerator.hpp>
-#include <accel/ops/batch_size.hpp>
+#include <accel/ops.hpp>
+#include <accel/tracking.hpp>
 #include <accel/dispatch.hpp>
 
 #endif  // ACCEL_ACCEL_HPP

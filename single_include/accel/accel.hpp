@@ -6240,17 +6240,47 @@ class OneCycleLR : public torch::optim::LRScheduler {
 // end <accel/sched.hpp>
 // begin <accel/checkpoint.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Umbrella of the checkpoint area: safetensors I/O and save_model.
+/// @file Umbrella of the checkpoint area: safetensors I/O, save_model, and
+/// save_state/load_state with their registry, pre-hooks and the newest
+/// automatic checkpoint. (safetensors.hpp and save_model.hpp alone need
+/// neither a communicator nor the training state.)
 #ifndef ACCEL_CHECKPOINT_HPP
 #define ACCEL_CHECKPOINT_HPP
 
-// begin <accel/checkpoint/safetensors.hpp>
+// begin <accel/checkpoint/latest_state.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines save_safetensors / load_safetensors: LibTorch tensors to and
-/// from the safetensors format, files written atomically and read through the
-/// validating parser of detail/safetensors_format.hpp.
-#ifndef ACCEL_CHECKPOINT_SAFETENSORS_HPP
-#define ACCEL_CHECKPOINT_SAFETENSORS_HPP
+/// @file Defines accel::ckpt::load_latest_state, the machinery of
+/// Accelerator::load_latest_state(): resume from the newest automatic
+/// checkpoint that is complete, or start fresh when there is none. What an
+/// elastic restart (LaunchOptions::max_restarts) calls first.
+///
+/// Which checkpoint: the directories project_dir/checkpoints/checkpoint_<N>,
+/// newest first, as the main process lists them. One without accel_state.json
+/// (save_state writes it last) is not a checkpoint; <dir>.accel-tmp, what a
+/// save killed half-way leaves, is never listed. A checkpoint that any process
+/// cannot read (a file missing, truncated or not matching its checksum, or
+/// not fitting this run) is skipped with a warning and the next older one is
+/// tried. Every process reads before anything changes, so nothing is loaded
+/// from a checkpoint that fails anywhere.
+#ifndef ACCEL_CHECKPOINT_LATEST_STATE_HPP
+#define ACCEL_CHECKPOINT_LATEST_STATE_HPP
+
+// begin <accel/checkpoint/detail/state_layout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the names of save_state's files, the listing of automatic
+/// checkpoints, the agreement of the processes on success, and what each
+/// process writes.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+
+// begin <accel/checkpoint/detail/state_files.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the file side of save_state/load_state: torch archives and
+/// JSON files read with errors that name the file, fsync of written files,
+/// the atomic directory commit, the generator states of a process, and the
+/// test-only crash hook.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
 
 // begin <accel/checkpoint/detail/file_io.hpp>
 // SPDX-License-Identifier: Apache-2.0
@@ -6595,6 +6625,312 @@ class ReadFile {
 
 #endif  // ACCEL_CHECKPOINT_DETAIL_FILE_IO_HPP
 // end <accel/checkpoint/detail/file_io.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace accel::ckpt::detail {
+
+namespace fs = std::filesystem;
+
+/// Test-only: ACCEL_TEST_SAVE_STATE_CRASH=<point> makes save_state kill its
+/// own process with SIGKILL at that point ("writing": after this process's
+/// first file; "before_commit": main process, all files in, before the
+/// rename; "between_renames": main process, forces the two-rename commit and
+/// dies between the renames). Lets tests check that a killed save leaves the
+/// previous checkpoint loadable.
+inline void crash_point(std::string_view point) {
+  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
+  if (want != nullptr && point == want) ::kill(::getpid(), SIGKILL);
+}
+inline bool crash_requested(std::string_view point) {
+  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
+  return want != nullptr && point == want;
+}
+
+/// fsync a file or directory (best effort for directories: some file
+/// systems refuse it).
+inline void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    if (directory) return;
+    fail_io("open for flushing", p, errno);
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && !directory) fail_io("flush", p, err);
+}
+
+/// Writes an archive atomically through accel's own file, so that a failed
+/// write (a full disk) is an error naming the path and errno rather than
+/// LibTorch's "unexpected pos" (and its abort: its writer's destructor throws
+/// again), and the checksum comes with the write.
+inline std::uint64_t save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  AtomicFile file(path);
+  std::exception_ptr io_error;
+  const auto write = [&](const void* data, std::size_t size) -> std::size_t {
+    // After a failed write the rest is dropped but reported as written, so
+    // that LibTorch finishes its archive normally; the error is thrown below.
+    if (io_error) return size;
+    try {
+      if (data != nullptr) {
+        file.write(data, size);
+      } else {  // LibTorch's "skip ahead": a hole, zeros in a new file
+        const std::string zeros(size, '\0');
+        file.write(zeros.data(), size);
+      }
+      return size;
+    } catch (...) {
+      io_error = std::current_exception();
+      return size;
+    }
+  };
+  try {
+    archive.save_to(write);
+  } catch (const c10::Error& e) {
+    if (io_error) std::rethrow_exception(io_error);
+    throw Error(accel::detail::concat("accel: cannot write '", path.string(), "': ",
+                                      e.what_without_backtrace(),
+                                      ". Check the path, its permissions and the free disk space."));
+  }
+  if (io_error) std::rethrow_exception(io_error);
+  file.commit();
+  return file.checksum();
+}
+
+[[noreturn]] inline void fail_missing(const fs::path& path) {
+  throw Error("accel: the checkpoint file '" + path.string() +
+              "' is missing. Load a directory written completely by save_state().");
+}
+
+[[noreturn]] inline void fail_checksum(const fs::path& path, std::uint64_t actual, std::uint64_t expected) {
+  throw Error(accel::detail::concat(
+      "accel: the checkpoint file '", path.string(),
+      "' is corrupt: its bytes changed after save_state() wrote them (XXH64 ", to_hex(actual),
+      ", recorded ", to_hex(expected), "). Load another checkpoint, or restore this file from a copy."));
+}
+
+/// The file's bytes (a small file), checked against the checksum save_state
+/// recorded for it (none: a checkpoint written before accel recorded them).
+inline std::string read_checked(const fs::path& path, std::optional<std::uint64_t> expected) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  std::string bytes = read_whole_file(path);
+  if (expected) {
+    Xxh64 hash;
+    hash.update(bytes);
+    if (hash.digest() != *expected) fail_checksum(path, hash.digest(), *expected);
+  }
+  return bytes;
+}
+
+/// A whole archive, checked and parsed; a truncated or corrupt file is an
+/// accel::Error. The check reads the file once more (from the page cache)
+/// rather than holding a copy of it in memory: optimizer files are large.
+inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path,
+                         std::optional<std::uint64_t> expected,
+                         c10::optional<torch::Device> device = c10::nullopt) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_missing(path);
+  if (expected) {
+    const auto actual = file_checksum(path);
+    if (actual != *expected) fail_checksum(path, actual, *expected);
+  }
+  try {
+    archive.load_from(path.string(), device);
+  } catch (const c10::Error& e) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
+                                      "' is truncated or corrupt (", e.what_without_backtrace(),
+                                      "). Load another checkpoint, or save this one again."));
+  }
+}
+
+inline std::uint64_t write_json(const fs::path& path, const nlohmann::json& j) {
+  return write_file_atomic(path, j.dump(2) + "\n");
+}
+
+inline nlohmann::json read_json(const fs::path& path,
+                                std::optional<std::uint64_t> expected = std::nullopt) {
+  const std::string text = read_checked(path, expected);
+  try {
+    auto j = nlohmann::json::parse(text);
+    if (!j.is_object()) throw std::runtime_error("not a JSON object");
+    return j;
+  } catch (const std::exception& e) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
+                                      "' is truncated or corrupt (", e.what(),
+                                      "). Load another checkpoint, or save this one again."));
+  }
+}
+
+/// j[key] as T, or an accel::Error naming the file and the key.
+template <class T>
+T json_field(const nlohmann::json& j, const char* key, const fs::path& source) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const std::exception&) {
+    throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
+                                      "' has no valid '", key,
+                                      "' entry. Load a directory written by save_state()."));
+  }
+}
+
+/// Puts `stage` (complete, flushed) in place of `target`. A reader sees the
+/// old or the new checkpoint at every instant: renameat2(RENAME_EXCHANGE)
+/// swaps them in one step; where that is unavailable, target moves aside to
+/// target.accel-old first (load_state() falls back to it if target is gone).
+inline void commit_directory(const fs::path& stage, const fs::path& target) {
+  std::error_code ec;
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path old = target.string() + ".accel-old";
+  if (!fs::exists(target, ec)) {
+    if (::rename(stage.c_str(), target.c_str()) != 0)
+      fail_io("rename the finished checkpoint to", target, errno);
+    fsync_path(parent, true);
+    fs::remove_all(old, ec);
+    return;
+  }
+#if defined(RENAME_EXCHANGE)
+  if (!crash_requested("between_renames") &&
+      ::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(parent, true);
+    fs::remove_all(stage, ec);  // now the previous checkpoint
+    return;
+  }
+#endif
+  fs::remove_all(old, ec);
+  if (::rename(target.c_str(), old.c_str()) != 0)
+    fail_io("move the previous checkpoint aside from", target, errno);
+  fsync_path(parent, true);
+  crash_point("between_renames");
+  if (::rename(stage.c_str(), target.c_str()) != 0)
+    fail_io("rename the finished checkpoint to", target, errno);
+  fsync_path(parent, true);
+  fs::remove_all(old, ec);
+}
+
+/// The directory to read: target, or target.accel-old when a commit was
+/// interrupted between its two renames.
+inline fs::path readable_checkpoint(const fs::path& target) {
+  std::error_code ec;
+  if (fs::is_directory(target, ec)) return target;
+  const fs::path old = target.string() + ".accel-old";
+  if (!fs::exists(target, ec) && fs::is_directory(old, ec)) return old;
+  if (fs::exists(target, ec))
+    throw Error("accel: the checkpoint path '" + target.string() +
+                "' is a file, not a directory. Pass the directory save_state() wrote (the one "
+                "holding accel_state.json).");
+  throw Error("accel: the checkpoint directory '" + target.string() +
+              "' does not exist. Pass a directory written by save_state().");
+}
+
+// ---- generator states ----
+
+inline torch::Tensor generator_state(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+inline void set_generator_state(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+inline int cuda_device_count() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+/// This process's generators: LibTorch's CPU generator, every CUDA device's,
+/// and accel::std_generator(). std::rand has no readable state and is not saved.
+inline void save_generators(torch::serialize::OutputArchive& out) {
+  out.write("cpu", generator_state(at::detail::getDefaultCPUGenerator()));
+  const int n = cuda_device_count();
+  out.write("cuda_count", torch::tensor(static_cast<int64_t>(n)));
+  for (int i = 0; i < n; ++i)
+    out.write("cuda_" + std::to_string(i),
+              generator_state(at::globalContext().defaultGenerator(
+                  c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)))));
+  std::ostringstream mt;
+  mt << std_generator();
+  out.write("std_generator", c10::IValue(mt.str()));
+}
+
+/// The generator states read from an archive, checked; apply() sets them.
+struct GeneratorStates {
+  torch::Tensor cpu;
+  std::vector<torch::Tensor> cuda;
+  std::mt19937_64 std_gen;
+
+  static GeneratorStates read(torch::serialize::InputArchive& in, const fs::path& source) {
+    GeneratorStates s;
+    try {
+      in.read("cpu", s.cpu);
+      torch::Tensor count;
+      in.read("cuda_count", count);
+      const auto n = count.item<int64_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        torch::Tensor t;
+        in.read("cuda_" + std::to_string(i), t);
+        s.cuda.push_back(t);
+      }
+      c10::IValue mt;
+      in.read("std_generator", mt);
+      std::istringstream text(mt.toStringRef());
+      text >> s.std_gen;
+      if (!text) throw std::runtime_error("std_generator state does not parse");
+    } catch (const std::exception& e) {
+      throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
+                                        "' is truncated or corrupt (", e.what(),
+                                        "). Load another checkpoint, or save this one again."));
+    }
+    const auto expect = generator_state(at::detail::getDefaultCPUGenerator());
+    ACCEL_CHECK(s.cpu.scalar_type() == torch::kByte && s.cpu.numel() == expect.numel(),
+                "accel: the CPU generator state in '", source.string(),
+                "' has the wrong size. Load a checkpoint saved by this LibTorch.");
+    return s;
+  }
+
+  void apply() const {
+    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+    const int n = std::min<int>(cuda_device_count(), static_cast<int>(cuda.size()));
+    for (int i = 0; i < n; ++i)
+      set_generator_state(at::globalContext().defaultGenerator(
+                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
+                          cuda[static_cast<std::size_t>(i)]);
+    std_generator() = std_gen;
+  }
+};
+
+}  // namespace accel::ckpt::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
+// end <accel/checkpoint/detail/state_files.hpp>
+// begin <accel/checkpoint/safetensors.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines save_safetensors / load_safetensors: LibTorch tensors to and
+/// from the safetensors format, files written atomically and read through the
+/// validating parser of detail/safetensors_format.hpp.
+#ifndef ACCEL_CHECKPOINT_SAFETENSORS_HPP
+#define ACCEL_CHECKPOINT_SAFETENSORS_HPP
+
 // begin <accel/checkpoint/detail/safetensors_format.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines the torch-free safetensors header parser: every file is
@@ -7623,6 +7959,2083 @@ inline void load_module(torch::nn::Module& module, const std::filesystem::path& 
 
 #endif  // ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 // end <accel/checkpoint/save_model.hpp>
+// begin <accel/checkpoint/state_registry.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::StateRegistry (what save_state() writes
+/// and load_state() restores, recorded as the Accelerator prepares it) and the
+/// Checkpointable concept of register_for_checkpointing().
+#ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+#define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+
+// begin <accel/checkpoint/detail/optimizer_keys.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Reads optimizer archives written by LibTorch 1.13 on LibTorch 2.x.
+///
+/// An optimizer archive names each parameter's state by the parameter's
+/// TensorImpl address. 1.13 prints it in hex ("0x55d0c3a1b2c0"); 2.x prints
+/// it in decimal and reads it back with std::stoull, which reads every 1.13
+/// key as 0: all states land on one parameter, and the first step fails on a
+/// shape mismatch (or, with equal shapes, trains on another tensor's moments).
+/// The keys are rewritten in decimal before 2.x loads such an archive. 1.13
+/// compares the keys as strings, so it reads both spellings as they are.
+#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+
+
+#include <torch/torch.h>
+
+#include <cctype>
+#include <sstream>
+#include <string>
+
+namespace accel::ckpt::detail {
+
+inline bool is_hex_address(const std::string& key) {
+  if (key.size() < 3 || key[0] != '0' || key[1] != 'x') return false;
+  for (std::size_t i = 2; i < key.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(key[i]))) return false;
+  return true;
+}
+
+inline std::string decimal_address(const std::string& hex_key) {
+  return std::to_string(std::stoull(hex_key, nullptr, 16));
+}
+
+/// One value of an archive as LibTorch stored it: a tensor registered as a
+/// parameter or a buffer, or any other value (an attribute).
+struct ArchiveValue {
+  enum class Kind { parameter, buffer, attribute };
+  c10::IValue value;
+  Kind kind = Kind::attribute;
+};
+
+/// `key` of `in`, which must not be a sub-archive.
+inline ArchiveValue read_value(torch::serialize::InputArchive& in, const std::string& key) {
+  torch::Tensor t;
+  if (in.try_read(key, t, /*is_buffer=*/false)) return {t, ArchiveValue::Kind::parameter};
+  if (in.try_read(key, t, /*is_buffer=*/true)) return {t, ArchiveValue::Kind::buffer};
+  c10::IValue v;
+  in.read(key, v);
+  return {std::move(v), ArchiveValue::Kind::attribute};
+}
+
+inline void write_value(torch::serialize::OutputArchive& out, const std::string& key, const ArchiveValue& v) {
+  if (v.kind == ArchiveValue::Kind::attribute)
+    out.write(key, v.value);
+  else
+    out.write(key, v.value.toTensor(), /*is_buffer=*/v.kind == ArchiveValue::Kind::buffer);
+}
+
+/// Copies an archive key by key (sub-archives, parameters, buffers, other
+/// values). With decimal_addresses, hex addresses are rewritten in decimal
+/// where they name optimizer states: keys directly under "state" and string
+/// values under "params".
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses = false, const std::string& parent = "");
+
+/// Copies entry `key` of `in` (a sub-archive or a value), as copy_archive does.
+inline void copy_entry(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                       const std::string& key, bool decimal_addresses = false, const std::string& parent = "") {
+  torch::serialize::InputArchive sub;
+  if (in.try_read(key, sub)) {
+    torch::serialize::OutputArchive copy(out.compilation_unit());
+    copy_archive(sub, copy, decimal_addresses, key);
+    const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
+    out.write(rename ? decimal_address(key) : key, copy);
+    return;
+  }
+  auto v = read_value(in, key);
+  if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
+      is_hex_address(v.value.toStringRef()))
+    v.value = c10::IValue(decimal_address(v.value.toStringRef()));
+  write_value(out, key, v);
+}
+
+inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                         bool decimal_addresses, const std::string& parent) {
+  for (const std::string& key : in.keys()) copy_entry(in, out, key, decimal_addresses, parent);
+}
+
+/// True when `in` is an optimizer archive whose state keys are 1.13's hex.
+inline bool has_hex_state_keys(torch::serialize::InputArchive& in) {
+  torch::serialize::InputArchive state;
+  if (!in.try_read("state", state)) return false;
+  for (const std::string& key : state.keys())
+    if (is_hex_address(key)) return true;
+  return false;
+}
+
+/// Loads `opt` from `in`, first rewriting 1.13's keys when this is 2.x.
+template <class Load>
+void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
+#if ACCEL_TORCH_AT_LEAST(2, 0)
+  if (has_hex_state_keys(in)) {
+    torch::serialize::OutputArchive rewritten;
+    copy_archive(in, rewritten, /*decimal_addresses=*/true);
+    std::stringstream bytes;
+    rewritten.save_to(bytes);
+    torch::serialize::InputArchive converted;
+    converted.load_from(bytes);
+    load(converted);
+    return;
+  }
+#endif
+  load(in);
+}
+
+}  // namespace accel::ckpt::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
+// end <accel/checkpoint/detail/optimizer_keys.hpp>
+// begin <accel/checkpoint/state_hooks.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::StatePreHooks, what
+/// Accelerator::register_save_state_pre_hook / register_load_state_pre_hook
+/// keep: callables run by save_state()/load_state() with the prepared models
+/// and the checkpoint directory before accel writes or reads its files
+/// (Accelerate's hooks of the same names), and the handle that removes one.
+#ifndef ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+#define ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::ckpt {
+
+/// The prepared models, in prepare() order. A hook may erase entries: accel
+/// then neither writes (save) nor reads (load) those models' files, and the
+/// hook saves or loads them itself; it may write or read its own files in dir.
+using ModelList = std::vector<std::shared_ptr<torch::nn::Module>>;
+/// save: dir is where the checkpoint is being assembled (committed with
+/// accel's files, atomically); load: the checkpoint directory being read.
+using StatePreHook = std::function<void(ModelList& models, const std::filesystem::path& dir)>;
+
+/// Removes the hook it was returned for (as torch.utils.hooks.RemovableHandle);
+/// harmless twice, or after the Accelerator is gone.
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  RemovableHandle(std::weak_ptr<std::map<int, StatePreHook>> table, int id) : table_(std::move(table)), id_(id) {}
+  void remove() {
+    if (auto t = table_.lock()) t->erase(id_);
+  }
+
+ private:
+  std::weak_ptr<std::map<int, StatePreHook>> table_;
+  int id_ = -1;
+};
+
+/// Hooks of one kind, run in registration order.
+class StatePreHooks {
+ public:
+  RemovableHandle add(StatePreHook hook) {
+    ACCEL_CHECK(static_cast<bool>(hook), "accel: a state pre-hook must be callable (got an empty std::function).");
+    const int id = next_++;
+    table_->emplace(id, std::move(hook));
+    return {table_, id};
+  }
+
+  /// Runs every hook on a copy of `models`; returns the indices of the
+  /// models a hook erased. `what` names the call in errors.
+  std::set<std::size_t> run(const ModelList& models, const std::filesystem::path& dir, const char* what) const {
+    if (table_->empty()) return {};
+    ModelList kept = models;
+    for (const auto& [id, hook] : *table_) hook(kept, dir);
+    for (const auto& m : kept)
+      ACCEL_CHECK(std::find(models.begin(), models.end(), m) != models.end(), "accel: a ", what,
+                  " pre-hook put a model into the list that is not a prepared model of this "
+                  "Accelerator. A hook may only erase entries (and save or load those models itself).");
+    std::set<std::size_t> erased;
+    for (std::size_t i = 0; i < models.size(); ++i)
+      if (std::find(kept.begin(), kept.end(), models[i]) == kept.end()) erased.insert(i);
+    return erased;
+  }
+
+ private:
+  std::shared_ptr<std::map<int, StatePreHook>> table_ = std::make_shared<std::map<int, StatePreHook>>();
+  int next_ = 0;
+};
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_STATE_HOOKS_HPP
+// end <accel/checkpoint/state_hooks.hpp>
+// begin <accel/detail/model_traits.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::model_traits, is_model_v and module_ptr: which
+/// handles prepare() accepts as a model, and the module behind one. Shared by
+/// prepared/ and checkpoint/ (the registry keeps the prepared models).
+#ifndef ACCEL_DETAIL_MODEL_TRAITS_HPP
+#define ACCEL_DETAIL_MODEL_TRAITS_HPP
+
+#include <memory>
+#include <type_traits>
+
+#include <torch/torch.h>
+
+namespace accel::detail {
+
+/// Models prepare() accepts: torch::nn::ModuleHolder<T> (Linear, Sequential,
+/// TORCH_MODULE types) or std::shared_ptr<T>, with T derived from Module.
+template <class M>
+struct model_traits : std::false_type {};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<torch::nn::ModuleHolder<T>> : std::true_type {
+  using module_type = T;
+};
+template <class T>
+  requires std::is_base_of_v<torch::nn::Module, T>
+struct model_traits<std::shared_ptr<T>> : std::true_type {
+  using module_type = T;
+};
+// A TORCH_MODULE(Net) holder is a class derived from ModuleHolder<NetImpl>.
+template <class M>
+  requires(!std::is_same_v<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
+           std::is_base_of_v<torch::nn::ModuleHolder<typename M::ContainedType>, M>)
+struct model_traits<M> : std::true_type {
+  using module_type = typename M::ContainedType;
+};
+
+template <class M>
+inline constexpr bool is_model_v = model_traits<std::remove_cvref_t<M>>::value;
+
+template <class M>
+auto* module_ptr(const M& m) {
+  if constexpr (requires { m.ptr(); }) {
+    return m.ptr().get();  // ModuleHolder: get() const would add const
+  } else {
+    return m.get();
+  }
+}
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_MODEL_TRAITS_HPP
+// end <accel/detail/model_traits.hpp>
+// begin <accel/detail/training_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::TrainingState, the state an Accelerator shares
+/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr),
+/// and the step protocol they follow around every optimizer step.
+#ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
+#define ACCEL_DETAIL_TRAINING_STATE_HPP
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/detail/join_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::JoinState, what a live join_uneven_inputs()
+/// guard shares with the prepared models and optimizers: before each
+/// communicating forward of a guarded model (a buffer broadcast, or a
+/// backward that reduces gradients) and each optimizer step, every
+/// rank says what it is about to do (one all-gather of one number), so that a
+/// rank that ran out of data can repeat the others' collectives, and ranks
+/// that do different things are an error naming them.
+#ifndef ACCEL_DETAIL_JOIN_STATE_HPP
+#define ACCEL_DETAIL_JOIN_STATE_HPP
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+
+namespace accel::detail {
+
+class JoinState {
+ public:
+  /// A guarded model: its gradient sync, and what a joined rank does while
+  /// the others run its forward (and backward): broadcast the buffers when
+  /// they do, reduce zero gradients when their backward reduces.
+  struct Model {
+    const shard::detail::GradientSync* sync;
+    std::function<void(bool buffers, bool reduce)> shadow;
+  };
+  /// What the ranks with data are about to do; a rank out of data announces
+  /// kJoined instead.
+  struct Action {
+    enum Kind : int64_t { kForward = 0, kStep = 1 };
+    Kind kind;
+    std::size_t index;     ///< guarded model (kForward) or prepared optimizer (kStep)
+    bool buffers = false;  ///< kForward: the forward broadcasts buffers
+    bool reduce = false;   ///< kForward: its backward reduces gradients (a sync step)
+  };
+  static constexpr int64_t kJoined = -1;
+
+  JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
+      : comm_(std::move(comm)), models_(std::move(models)) {}
+
+  /// Index of a guarded model (-1: the model is not guarded).
+  int64_t model_index(const shard::detail::GradientSync* sync) const {
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      if (models_[i].sync == sync) return static_cast<int64_t>(i);
+    return -1;
+  }
+  const Model& model(std::size_t i) const { return models_[i]; }
+
+  /// A rank with data, before the collectives of `action`: every rank must be
+  /// about to do the same, or be out of data.
+  void announce(const Action& action) { (void)exchange(encode(action)); }
+
+  /// A rank out of data: what the ranks with data are about to do, or
+  /// nothing once every rank is out of data.
+  std::optional<Action> next_action() {
+    const auto v = exchange(kJoined);
+    if (v == kJoined) return std::nullopt;
+    return decode(v);
+  }
+
+ private:
+  // index << 3 | step << 2 | reduce << 1 | buffers: one int64 per rank.
+  static int64_t encode(const Action& a) {
+    return static_cast<int64_t>(a.index) << 3 | (a.kind == Action::kStep ? 4 : 0) | (a.reduce ? 2 : 0) |
+           (a.buffers ? 1 : 0);
+  }
+  static Action decode(int64_t v) {
+    return Action{(v & 4) ? Action::kStep : Action::kForward, static_cast<std::size_t>(v >> 3), (v & 1) != 0,
+                  (v & 2) != 0};
+  }
+
+  int64_t exchange(int64_t mine) {
+    const int world = comm_->size();
+    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
+    auto all = torch::empty({world}, in.options());
+    comm_->all_gather(all, in)->wait();
+    const auto slots = all.cpu();
+    const auto* s = slots.data_ptr<int64_t>();
+    int64_t running = kJoined;
+    bool agree = true;
+    for (int r = 0; r < world; ++r) {
+      if (s[r] == kJoined) continue;
+      if (running == kJoined) running = s[r];
+      agree = agree && s[r] == running;
+    }
+    if (!agree) {
+      std::ostringstream what;
+      for (int r = 0; r < world; ++r) what << (r ? "; " : "") << "rank " << r << ": " << describe(s[r]);
+      throw Error("accel: under join_uneven_inputs() the ranks are about to run different "
+                  "collectives (" + what.str() + "). Every rank that still has data must run the "
+                  "same sequence: the forward of the same guarded model (with gradients), then "
+                  "its backward, then the same optimizer's step().");
+    }
+    return running;
+  }
+
+  static std::string describe(int64_t v) {
+    if (v == kJoined) return "out of data (joined)";
+    const auto a = decode(v);
+    if (a.kind == Action::kStep) return "step() of prepared optimizer " + std::to_string(a.index);
+    return "forward of guarded model " + std::to_string(a.index) +
+           (a.reduce ? "" : " without gradient sync") + (a.buffers ? " (broadcasting buffers)" : "");
+  }
+
+  std::shared_ptr<runtime::Communicator> comm_;
+  std::vector<Model> models_;
+};
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_JOIN_STATE_HPP
+// end <accel/detail/join_state.hpp>
+
+namespace accel::shard::detail {
+class ZeroReducer;
+}  // namespace accel::shard::detail
+
+namespace accel::detail {
+
+struct TrainingState {
+  std::shared_ptr<runtime::Communicator> comm;
+  torch::Device device{torch::kCPU};
+  int gradient_accumulation_steps = 1;
+  /// The one "synchronise gradients now" flag: false on the non-sync
+  /// micro-steps of accumulate(); gradient syncs read it (sync_flag()).
+  bool sync_gradients = true;
+  int64_t micro_step = 0;         ///< counts accumulate() entries (Accelerate's `step`)
+  int64_t optimizer_steps = 0;    ///< optimizer steps that really happened
+  bool last_step_skipped = false; ///< the last AcceleratedOptimizer::step() did not update
+  std::vector<std::shared_ptr<shard::detail::GradientSync>> syncs;  ///< one per prepared model
+  /// The sharded models' reducers (also in syncs): where an optimizer or a
+  /// clip finds the model that owns its parameters.
+  std::vector<std::shared_ptr<shard::detail::ZeroReducer>> sharded;
+  /// precision::Fp16's loss scaler. The Accelerator owns it; a prepared
+  /// optimizer may outlive the Accelerator, and must then say so.
+  std::weak_ptr<precision::LossScaler> scaler;
+  bool loss_scaling = false;
+  /// join_uneven_inputs(): the live guard's state (null outside one).
+  std::shared_ptr<JoinState> join;
+  /// Each prepared optimizer's step as a rank out of data repeats it under
+  /// join_uneven_inputs() (prepare() order; AcceleratedOptimizer adds it).
+  std::vector<std::function<void(TrainingState&)>> optimizer_shadows;
+
+  /// sync_gradients, shared with the gradient syncs of prepared models.
+  static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {
+    return std::shared_ptr<const bool>(self, &self->sync_gradients);
+  }
+
+  /// Every gradient averaged and ready for the optimizer or for clipping.
+  void finalize_gradients() {
+    for (auto& s : syncs) s->finalize();
+  }
+
+  /// Before an optimizer step (Fp16: unscale the optimizer's gradients, each
+  /// once per iteration, and agree on inf/NaN across ranks); false when every
+  /// rank must skip it. `index`: the optimizer's place in prepare() order.
+  bool before_step(torch::optim::Optimizer& opt, std::size_t index) {
+    if (!loss_scaling) return true;
+    // Its second step with no backward in between (a rank out of data under
+    // join_uneven_inputs()): the last iteration is over.
+    if (index < stepped_.size() && stepped_[index]) update_scaler();
+    std::vector<torch::Tensor> params;
+    for (auto& g : opt.param_groups())
+      for (auto& p : g.params()) params.push_back(p);
+    return !live_scaler()->unscale(params, *comm);
+  }
+
+  /// After a step attempt (Fp16: the scale is updated once per iteration:
+  /// now if every prepared optimizer has stepped, else before the next
+  /// backward scales a loss, as GradScaler.update() after all steps).
+  void after_step(std::size_t index) {
+    if (!loss_scaling) return;
+    if (stepped_.size() < std::max(optimizer_shadows.size(), index + 1))
+      stepped_.resize(std::max(optimizer_shadows.size(), index + 1), false);
+    stepped_[index] = true;
+    if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
+  }
+
+  /// Before a backward scales its loss, or before save_state records the
+  /// scale: the update an iteration with fewer steps than optimizers left.
+  void settle_loss_scale() {
+    if (loss_scaling && std::any_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
+  }
+
+ private:
+  void update_scaler() {
+    live_scaler()->update();
+    stepped_.assign(stepped_.size(), false);
+  }
+
+  std::vector<bool> stepped_;  ///< Fp16: per optimizer, stepped since the last scale update
+
+  std::shared_ptr<precision::LossScaler> live_scaler() const {
+    auto s = scaler.lock();
+    ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
+                "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
+                "alive while you train with what it prepared.");
+    return s;
+  }
+};
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_TRAINING_STATE_HPP
+// end <accel/detail/training_state.hpp>
+// begin <accel/shard/detail/partition_layout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::PartitionLayout: where each tensor an
+/// optimizer steps lies in the flat buckets of a sharded model. save_state
+/// records the buckets, so that load_state can re-partition optimizer state
+/// saved by another number of processes (checkpoint/detail/optimizer_relayout.hpp).
+#ifndef ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+#define ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/torch.h>
+
+// begin <accel/shard/detail/bucket_plan.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::shard::detail::plan_buckets, how gradient sync groups
+/// parameters into flat buckets, and storage_alias, how a parameter or its
+/// gradient lives inside one.
+#ifndef ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+#define ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace accel::shard::detail {
+
+/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
+/// autograd view: LibTorch's zero_grad (detach_ + zero_), in-place
+/// accumulation, set_data and optimizers treat it as a leaf and keep it.
+inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+}
+
+/// Which parameters share a bucket and where each one sits in it. Every
+/// reducer (Replicate's, ZeRO's) uses this one plan, so that the order of
+/// collectives, and the chunks a sharded optimizer checkpoints, follow one rule.
+struct BucketPlan {
+  struct Slot {
+    std::size_t bucket = 0;
+    int64_t offset = 0;          ///< first element of the parameter in its bucket
+    std::vector<int64_t> shape;  ///< the parameter's shape when it was planned
+  };
+  std::vector<std::vector<std::size_t>> buckets;  ///< parameter indices, in bucket order
+  std::vector<int64_t> numel;                     ///< elements of each bucket (unpadded)
+  std::vector<Slot> slots;                        ///< one per parameter
+
+  std::size_t size() const { return buckets.size(); }
+};
+
+/// Buckets hold parameters in reverse registration order (roughly the order
+/// backward produces their gradients); a new bucket starts when the next
+/// parameter would take it past bucket_bytes, or has another dtype, device or
+/// group (group_of: e.g. the optimizer's parameter group; empty: one group).
+inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                               const std::vector<int>& group_of = {}) {
+  const auto group = [&](std::size_t k) { return group_of.empty() ? 0 : group_of[k]; };
+  BucketPlan plan;
+  plan.slots.resize(params.size());
+  int64_t bytes = 0;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    bool start = plan.buckets.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
+    if (!start) {
+      const auto first = plan.buckets.back().front();
+      const auto& q = params[first];
+      start = q.scalar_type() != p.scalar_type() || q.device() != p.device() || group(first) != group(k);
+    }
+    if (start) {
+      plan.buckets.emplace_back();
+      plan.numel.push_back(0);
+      bytes = 0;
+    }
+    plan.slots[k] = BucketPlan::Slot{plan.buckets.size() - 1, plan.numel.back(), p.sizes().vec()};
+    plan.buckets.back().push_back(k);
+    plan.numel.back() += p.numel();
+    bytes += static_cast<int64_t>(p.nbytes());
+  }
+  return plan;
+}
+
+/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
+/// with each of its parameters' shapes: what a communication hook sees.
+inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
+  std::vector<torch::Tensor> views;
+  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
+  return views;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
+// end <accel/shard/detail/bucket_plan.hpp>
+
+namespace accel::shard::detail {
+
+/// The buckets (BucketPlan: they depend on the model, the optimizer's groups
+/// and bucket_cap_mb, not on the number of processes) and, for every
+/// parameter k of optimizer group g, the range of its bucket it holds.
+struct PartitionLayout {
+  struct Piece {
+    std::size_t bucket = 0;
+    int64_t offset = 0;          ///< first element in the bucket (may lie in its padding)
+    int64_t numel = 0;
+    std::vector<int64_t> shape;  ///< of the tensor the optimizer holds
+  };
+  std::vector<int64_t> bucket_numel;  ///< unpadded, in bucket order
+  std::vector<int> bucket_group;      ///< the optimizer group of each bucket
+  std::vector<std::vector<Piece>> groups;
+};
+
+/// ZeRO's partition on `rank` of `world`: group g holds, in bucket order,
+/// chunk `rank` (ceil(numel / world) elements) of each of its buckets.
+inline PartitionLayout chunk_layout(std::vector<int64_t> numel, std::vector<int> group, std::size_t groups,
+                                    int world, int rank) {
+  PartitionLayout l;
+  l.groups.resize(groups);
+  for (std::size_t b = 0; b < numel.size(); ++b) {
+    const int64_t chunk = (numel[b] + world - 1) / world;
+    l.groups[static_cast<std::size_t>(group[b])].push_back({b, rank * chunk, chunk, {chunk}});
+  }
+  l.bucket_numel = std::move(numel);
+  l.bucket_group = std::move(group);
+  return l;
+}
+
+/// The unpartitioned optimizer over the same buckets: each group holds its
+/// parameters (`group_params`, as the optimizer lists them) whole.
+/// `trainable` and `group_of` are what the plan was made from.
+inline PartitionLayout parameter_layout(const std::vector<torch::Tensor>& trainable, const BucketPlan& plan,
+                                        const std::vector<int>& group_of,
+                                        const std::vector<std::vector<torch::Tensor>>& group_params) {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t k = 0; k < trainable.size(); ++k) index[trainable[k].unsafeGetTensorImpl()] = k;
+  PartitionLayout l;
+  l.bucket_numel = plan.numel;
+  for (const auto& members : plan.buckets) l.bucket_group.push_back(group_of[members.front()]);
+  for (const auto& params : group_params) {
+    auto& pieces = l.groups.emplace_back();
+    for (const auto& p : params) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      ACCEL_CHECK(it != index.end(), "accel: the optimizer holds a parameter that is not a trainable "
+                  "parameter of its prepared model; a shard policy needs exactly those.");
+      const auto& slot = plan.slots[it->second];
+      pieces.push_back({slot.bucket, slot.offset, p.numel(), slot.shape});
+    }
+  }
+  return l;
+}
+
+/// group_of for plan_buckets: the optimizer group of each trainable parameter
+/// (-1: in none).
+inline std::vector<int> groups_of(const std::vector<torch::Tensor>& trainable,
+                                  const std::vector<std::vector<torch::Tensor>>& group_params) {
+  std::unordered_map<const c10::TensorImpl*, int> group;
+  for (std::size_t g = 0; g < group_params.size(); ++g)
+    for (const auto& p : group_params[g]) group[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+  std::vector<int> out;
+  for (const auto& p : trainable) {
+    const auto it = group.find(p.unsafeGetTensorImpl());
+    out.push_back(it == group.end() ? -1 : it->second);
+  }
+  return out;
+}
+
+}  // namespace accel::shard::detail
+
+#endif  // ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
+// end <accel/shard/detail/partition_layout.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace accel::ckpt {
+
+/// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
+/// torch::optim optimizers, accel::sched schedulers, or a user type.
+template <class T>
+concept ArchiveCheckpointable = requires(T& t, const T& ct, torch::serialize::OutputArchive& out,
+                                         torch::serialize::InputArchive& in) {
+  ct.save(out);
+  t.load(in);
+};
+
+/// state_dict() returning a value a c10::IValue can hold (torch::Tensor,
+/// std::vector<torch::Tensor>, int64_t, double, std::string, c10::Dict, ...)
+/// and load_state_dict() taking that value back.
+template <class T>
+concept StateDictCheckpointable = requires(T& t, const c10::IValue& v) {
+  c10::IValue(t.state_dict());
+  t.load_state_dict(v.to<std::remove_cvref_t<decltype(t.state_dict())>>());
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool is_lr_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, T>;
+
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {
+  using element = T;
+};
+}  // namespace detail
+
+/// What register_for_checkpointing() accepts: an ArchiveCheckpointable or
+/// StateDictCheckpointable object, a torch::nn module holder or shared_ptr, a
+/// torch::optim::LRScheduler (its step count is saved: the learning rates
+/// themselves live in the optimizer's state), or a std::shared_ptr to any of
+/// these. The first that applies, in this order: module, archive, state_dict,
+/// LRScheduler.
+template <class T>
+concept Checkpointable =
+    accel::detail::is_model_v<T> || ArchiveCheckpointable<T> || StateDictCheckpointable<T> ||
+    detail::is_lr_scheduler_v<T> ||
+    (detail::is_shared_ptr<T>::value &&
+     (ArchiveCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      StateDictCheckpointable<typename detail::is_shared_ptr<T>::element> ||
+      detail::is_lr_scheduler_v<typename detail::is_shared_ptr<T>::element>));
+
+namespace detail {
+
+// LRScheduler keeps its step count in a protected member and offers no
+// accessor (LibTorch 1.13 and 2.x); a pointer to member formed through a
+// derived class reads it for any scheduler.
+struct LRSchedulerAccess : torch::optim::LRScheduler {
+  static auto step_count_member() { return &LRSchedulerAccess::step_count_; }
+};
+
+// LibTorch's Optimizer::load restores the per-parameter state but keeps the
+// param-group options (learning rate, momentum...) the optimizer has now;
+// they are saved and restored beside it, through the options' own serialize().
+inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& out) {
+  opt.save(out);
+  const auto& groups = opt.param_groups();
+  out.write("accel.param_groups/size", torch::tensor(static_cast<int64_t>(groups.size())));
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    torch::serialize::OutputArchive options(out.compilation_unit());
+    groups[i].options().serialize(options);
+    out.write("accel.param_groups/" + std::to_string(i), options);
+  }
+}
+inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& archive) {
+  load_with_portable_keys(archive, [&opt](torch::serialize::InputArchive& in) {
+    opt.load(in);  // checks the group count and sizes (c10::Error)
+    torch::Tensor size;
+    in.read("accel.param_groups/size", size);
+    auto& groups = opt.param_groups();
+    TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
+                "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
+                groups.size());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      torch::serialize::InputArchive options;
+      in.read("accel.param_groups/" + std::to_string(i), options);
+      groups[i].options().serialize(options);
+    }
+  });
+}
+
+/// What load_state() keeps to put an object back if a later load fails:
+/// called before loading, returns the closure that restores the object.
+using Snapshot = std::function<std::function<void()>()>;
+
+/// save/load closures for one object (the object must outlive them);
+/// snapshot is optional (without it, load_state serializes a copy first).
+struct Archived {
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+  Snapshot snapshot = {};
+};
+
+/// An optimizer's snapshot without serializing it: LibTorch's Optimizer::load
+/// replaces the per-parameter state objects and the group options with new
+/// ones, never writing into the old tensors, so shallow copies of the state
+/// (clone() copies tensor handles) and copies of the options restore it. For
+/// 100M parameters with Adam this is microseconds instead of the ~10 s a
+/// serialized copy took (bench/checkpoint_cost).
+inline Snapshot optimizer_snapshot(torch::optim::Optimizer* p) {
+  return [p]() -> std::function<void()> {
+    using StateMap = std::remove_cvref_t<decltype(p->state())>;
+    auto state = std::make_shared<StateMap>();
+    for (const auto& [key, value] : p->state()) state->emplace(key, value->clone());
+    auto options = std::make_shared<std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>>();
+    for (const auto& g : p->param_groups()) options->push_back(g.options().clone());
+    return [p, state, options] {
+      p->state().clear();
+      for (const auto& [key, value] : *state) p->state().emplace(key, value->clone());
+      auto& groups = p->param_groups();
+      for (std::size_t i = 0; i < groups.size() && i < options->size(); ++i)
+        groups[i].set_options((*options)[i]->clone());
+    };
+  };
+}
+
+template <class T>
+Archived archived(T& obj) {
+  if constexpr (accel::detail::is_model_v<T>) {
+    auto* m = accel::detail::module_ptr(obj);
+    return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
+  } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) {
+    torch::optim::Optimizer* p = &obj;
+    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); },
+            optimizer_snapshot(p)};
+  } else if constexpr (ArchiveCheckpointable<T>) {
+    T* p = &obj;
+    return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
+  } else if constexpr (StateDictCheckpointable<T>) {
+    using S = std::remove_cvref_t<decltype(obj.state_dict())>;
+    T* p = &obj;
+    return {[p](auto& out) { out.write("state_dict", c10::IValue(p->state_dict())); },
+            [p](auto& in) {
+              c10::IValue v;
+              in.read("state_dict", v);
+              p->load_state_dict(v.template to<S>());
+            }};
+  } else if constexpr (is_lr_scheduler_v<T>) {
+    torch::optim::LRScheduler* p = &obj;
+    return {[p](auto& out) {
+              out.write("step_count",
+                        torch::tensor(static_cast<int64_t>(p->*LRSchedulerAccess::step_count_member())));
+            },
+            [p](auto& in) {
+              torch::Tensor t;
+              in.read("step_count", t);
+              using C = std::remove_cvref_t<decltype(p->*LRSchedulerAccess::step_count_member())>;
+              p->*LRSchedulerAccess::step_count_member() = static_cast<C>(t.item<int64_t>());
+            }};
+  } else {
+    static_assert(is_shared_ptr<T>::value, "accel: not a Checkpointable type.");
+    ACCEL_CHECK(obj != nullptr, "accel: register_for_checkpointing got a null shared_ptr. ",
+                "Register the object itself.");
+    auto keep = obj;  // holds the object while the registry does
+    auto inner = archived(*keep);
+    return {[keep, s = inner.save](auto& out) { s(out); },
+            [keep, l = inner.load](auto& in) { l(in); }};
+  }
+}
+
+}  // namespace detail
+
+/// Everything an Accelerator saves, in the order it was prepared/registered.
+/// Filled by prepare() and register_for_checkpointing(); read by
+/// save_state()/load_state() (save_state.hpp).
+struct StateRegistry {
+  struct Loader {
+    std::function<data::LoaderCheckpoint()> position;
+    std::function<void(const data::LoaderCheckpoint&)> restore;
+    /// Samples one batch of every process takes together: a position saved
+    /// by another number of processes is mapped through it.
+    std::function<int64_t()> samples_per_step;
+  };
+
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<detail::Archived> optimizers;
+  std::vector<detail::Archived> schedulers;
+  std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
+  std::vector<Loader> loaders;
+  std::vector<detail::Archived> custom;
+  std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
+  std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
+  int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
+  bool shards_optimizer_state = false;  ///< the shard policy partitions optimizer state
+  bool optimizer_per_rank = false;   ///< ... and there are several processes to partition it over
+  double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
+  /// Under such a policy, per optimizer: what this process's optimizer steps
+  /// (its chunks, or its parameters whole on one process) and what it would
+  /// step on one process; load_state re-partitions state saved by another
+  /// number of processes with them.
+  struct Partition {
+    shard::detail::PartitionLayout held, whole;
+  };
+  std::vector<Partition> partitions;
+  StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
+  /// During one save_state()/load_state(): the models its pre-hooks took
+  /// out of accel's hands (their files are not written / not read).
+  std::set<std::size_t> models_skipped;
+
+  template <class M>
+  void add_model(const M& model) {
+    auto* m = accel::detail::module_ptr(model);
+    // Aliasing pointer to the module the holder owns (and keeps alive).
+    if constexpr (requires { model.ptr(); })
+      models.push_back(std::shared_ptr<torch::nn::Module>(model.ptr(), m));
+    else
+      models.push_back(std::shared_ptr<torch::nn::Module>(model, m));
+  }
+
+  /// opt is kept alive by the registry.
+  template <class O>
+  void add_optimizer(std::shared_ptr<O> opt) {
+    torch::optim::Optimizer* p = opt.get();
+    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
+                          [opt, p](auto& in) { detail::load_optimizer(*p, in); },
+                          detail::optimizer_snapshot(p)});
+  }
+
+  template <class S>
+  void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {
+    auto a = detail::archived(*sched);
+    schedulers.push_back({[sched, s = a.save](auto& out) { s(out); },
+                          [sched, l = a.load](auto& in) { l(in); }});
+    scheduler_seen_steps.push_back(std::move(seen_steps));
+  }
+
+  /// A plain copy of the loader shares its position with the user's copy.
+  template <class L>
+  void add_loader(const L& loader) {
+    auto shared = std::make_shared<L>(loader);
+    loaders.push_back({[shared] { return shared->checkpoint(); },
+                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); },
+                       [shared] { return shared->total_batch_size(); }});
+  }
+
+  template <Checkpointable T>
+  void add_custom(T& obj) {
+    custom.push_back(detail::archived(obj));
+  }
+};
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
+// end <accel/checkpoint/state_registry.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::ckpt {
+
+inline constexpr std::string_view kStateFile = "accel_state.json";
+inline constexpr std::string_view kStateFormat = "accel.save_state";
+inline constexpr int kStateFormatVersion = 1;
+
+namespace detail {
+
+/// "model.safetensors", "model_1.safetensors", ...
+inline std::string indexed_name(const char* stem, std::size_t i, const char* ext) {
+  return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
+}
+
+/// The checkpoint number of a directory named checkpoint_<N>.
+inline std::optional<int64_t> checkpoint_number(const std::string& name) {
+  constexpr std::string_view prefix = "checkpoint_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+    return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+/// The complete automatic checkpoints under base, oldest first.
+inline std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& base) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec))
+    if (auto n = checkpoint_number(e.path().filename().string()); n && e.is_directory(ec))
+      out.emplace_back(*n, e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller) {
+  ACCEL_CHECK(o.project_dir.has_value(), "accel: ", caller,
+              "() without a directory needs AcceleratorOptions::project_dir (checkpoints go to "
+              "project_dir/checkpoints/checkpoint_<N>). Pass a directory, or set project_dir.");
+  return fs::path(*o.project_dir) / "checkpoints";
+}
+
+/// Every process says whether its part worked (one all-reduce MAX); returns
+/// the highest failing rank, or -1 when all succeeded.
+inline int failed_rank(runtime::Communicator& comm, bool ok) {
+  float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
+  if (comm.size() > 1) {
+    auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
+    comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
+    mine = t.to(torch::kCPU).item<float>();
+  }
+  return static_cast<int>(mine) - 1;
+}
+
+/// Rethrows this process's error, or throws if another process failed.
+inline void agree(runtime::Communicator& comm, const std::exception_ptr& err, const char* what,
+                  const char* consequence) {
+  const int failed = failed_rank(comm, err == nullptr);
+  if (err) std::rethrow_exception(err);
+  if (failed >= 0)
+    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",
+                                      accel::detail::kFailedElsewhere, "; ", consequence,
+                                      ". Fix the cause reported by that process and retry."));
+}
+inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
+inline constexpr const char* kLoadKept = "nothing was loaded on this process";
+
+/// dir without a trailing separator, so that dir.accel-tmp is a sibling.
+inline fs::path normal_dir(const fs::path& dir) {
+  fs::path p = dir.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
+  return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
+                  : indexed_name("optimizer", i, ".pt");
+}
+inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
+  return optimizer_file(i, rank, reg.optimizer_per_rank);
+}
+
+inline std::string random_states_file(int rank) {
+  return "random_states_" + std::to_string(rank) + ".pt";
+}
+inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+
+/// The state of the prepared models' communication hooks that keep some
+/// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
+/// in prepare order; one file per hook and process.
+inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
+  std::vector<Archived> out;
+  for (const auto& sync : reg.state->syncs)
+    if (auto* hook = sync->comm_hook(); hook && hook->has_state())
+      out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
+                             [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
+  return out;
+}
+inline std::string comm_hook_file(std::size_t i, int rank) {
+  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
+}
+
+/// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
+class SkippedModels {
+ public:
+  explicit SkippedModels(StateRegistry& reg) : reg_(reg) { reg_.models_skipped.clear(); }
+  SkippedModels(const SkippedModels&) = delete;
+  SkippedModels& operator=(const SkippedModels&) = delete;
+  ~SkippedModels() { reg_.models_skipped.clear(); }
+
+ private:
+  StateRegistry& reg_;
+};
+
+/// The files the main process writes and every process reads.
+inline std::vector<std::string> main_files(const StateRegistry& reg) {
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < reg.models.size(); ++i)
+    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
+  if (!reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+  for (std::size_t i = 0; i < reg.custom.size(); ++i)
+    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
+  if (reg.scaler) files.push_back("scaler.json");
+  return files;
+}
+
+/// The files process `rank` writes and reads itself; as many on every process.
+inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
+  std::vector<std::string> files;
+  if (reg.optimizer_per_rank)
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+  files.push_back(random_states_file(rank));
+  files.push_back(loaders_file(rank));
+  for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
+  return files;
+}
+
+/// File name -> XXH64, as accel_state.json's "xxh64" records them: of the
+/// whole file, except for .safetensors files: of their data buffer (the value
+/// their header's accel.data_xxh64 holds too).
+using Checksums = std::map<std::string, std::uint64_t>;
+
+/// This process's files of a checkpoint, into stage; returns their checksums.
+inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
+  const bool main = rank == 0;
+  Checksums sums;
+  if (main) {
+    for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
+      const std::string name = indexed_name("model", i, ".safetensors");
+      sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
+      crash_point("writing");
+    }
+  }
+  const auto archive_all = [&](const std::vector<Archived>& items, auto name_of) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      torch::serialize::OutputArchive out;
+      items[i].save(out);
+      const std::string name = name_of(i);
+      sums[name] = save_archive(out, stage / name);
+    }
+  };
+  if (main || reg.optimizer_per_rank)
+    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+  archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
+  if (main) {
+    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
+    archive_all(reg.custom, [](std::size_t i) {
+      return "custom_checkpoint_" + std::to_string(i) + ".pt";
+    });
+    if (reg.scaler)
+      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
+                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
+  }
+  torch::serialize::OutputArchive rng;
+  save_generators(rng);
+  sums[random_states_file(rank)] = save_archive(rng, stage / random_states_file(rank));
+  crash_point("writing");
+  nlohmann::json loaders = nlohmann::json::array();
+  for (const auto& l : reg.loaders) {
+    const auto c = l.position();
+    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
+                       {"samples_per_step", l.samples_per_step()}});
+  }
+  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
+  return sums;
+}
+
+/// Every process's checksums, on every process: one all-reduce (sum) of a
+/// [processes, own files] table in which each process fills its own row.
+inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
+  auto& comm = *reg.state->comm;
+  const int world = comm.size();
+  if (world == 1) return mine;
+  const auto count = static_cast<int64_t>(own_files(reg, 0).size());
+  auto table = torch::zeros({world, count}, torch::kLong);
+  {
+    const auto names = own_files(reg, comm.rank());
+    auto row = table[comm.rank()];
+    for (int64_t j = 0; j < count; ++j)
+      row[j] = std::bit_cast<int64_t>(mine.at(names[static_cast<std::size_t>(j)]));
+  }
+  table = table.to(comm.device());
+  comm.all_reduce(table, runtime::ReduceOp::Sum)->wait();
+  table = table.to(torch::kCPU);
+  for (int r = 0; r < world; ++r) {
+    const auto names = own_files(reg, r);
+    for (int64_t j = 0; j < count; ++j)
+      mine[names[static_cast<std::size_t>(j)]] = std::bit_cast<std::uint64_t>(table[r][j].item<int64_t>());
+  }
+  return mine;
+}
+
+/// The buckets each optimizer's partitions follow (shard policies that
+/// partition optimizer state; null where they are not known), so that
+/// another number of processes can re-partition the state.
+inline nlohmann::json partitions_json(const StateRegistry& reg) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : reg.partitions) {
+    if (p.whole.groups.empty()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back({{"bucket_numel", p.whole.bucket_numel},
+                   {"bucket_group", p.whole.bucket_group},
+                   {"groups", p.whole.groups.size()}});
+  }
+  return out;
+}
+
+inline nlohmann::json checksums_json(const Checksums& sums) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, sum] : sums) j[name] = to_hex(sum);
+  return j;
+}
+
+}  // namespace detail
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
+// end <accel/checkpoint/detail/state_layout.hpp>
+// begin <accel/checkpoint/detail/state_reader.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines how load_state reads a checkpoint: every file read and
+/// validated before anything changes, and archive loads that roll back.
+#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+#define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+
+// begin <accel/checkpoint/detail/optimizer_relayout.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Re-partitions the optimizer state of a sharded model saved by another
+/// number of processes: load_state on 1, 3 or 4 processes of a checkpoint
+/// that 2 wrote under shard::ShardOptimizer or shard::ShardGradients.
+///
+/// Each process's optimizer archive holds one state per tensor it stepped
+/// (its chunk of every bucket, or, on one process, every parameter whole).
+/// The buckets do not depend on the number of processes, only the chunks do.
+/// So the saved states are laid back into their buckets (every element-wise
+/// tensor: Adam's moments, SGD's momentum...), and the pieces this process
+/// steps now are cut out of them; state that is not element-wise (a step
+/// count) is taken from the first saved piece of the bucket. The result is an
+/// archive in LibTorch's own optimizer format, loaded as any other.
+#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::ckpt::detail {
+
+using shard::detail::PartitionLayout;
+
+/// One saved optimizer archive, with the layout of what it stepped.
+struct SavedPartition {
+  torch::serialize::InputArchive* archive = nullptr;
+  PartitionLayout layout;
+  std::filesystem::path file;  ///< for messages
+};
+
+namespace relayout {
+
+/// A parameter's saved state: field name -> value (LibTorch writes each
+/// field of a param state as one attribute).
+using FieldMap = std::map<std::string, ArchiveValue>;
+
+/// The state of every parameter of every group, by position (an empty map:
+/// the optimizer kept no state for it).
+inline std::vector<std::vector<FieldMap>> read_states(const SavedPartition& saved) {
+  auto& in = *saved.archive;
+  const auto fail = [&](const std::string& why) {
+    throw Error(accel::detail::concat("accel: cannot re-partition the optimizer state in '", saved.file.string(),
+                                      "' (", why, "). Resume with the number of processes that saved it, "
+                                      "or load a checkpoint written completely by save_state()."));
+  };
+  torch::serialize::InputArchive groups_in, states_in;
+  if (!in.try_read("param_groups", groups_in) || !in.try_read("state", states_in))
+    fail("it is not a LibTorch optimizer archive");
+  torch::Tensor size;
+  if (!groups_in.try_read("param_groups/size", size)) fail("it lists no parameter groups");
+  if (size.item<int64_t>() != static_cast<int64_t>(saved.layout.groups.size()))
+    fail(accel::detail::concat("it has ", size.item<int64_t>(), " parameter groups, the saved buckets ",
+                               saved.layout.groups.size()));
+  std::vector<std::vector<FieldMap>> out(saved.layout.groups.size());
+  for (std::size_t g = 0; g < out.size(); ++g) {
+    torch::serialize::InputArchive group;
+    torch::Tensor count;
+    if (!groups_in.try_read("param_groups/" + std::to_string(g), group) || !group.try_read("params/size", count))
+      fail(accel::detail::concat("parameter group ", g, " is unreadable"));
+    if (count.item<int64_t>() != static_cast<int64_t>(saved.layout.groups[g].size()))
+      fail(accel::detail::concat("parameter group ", g, " holds ", count.item<int64_t>(),
+                                 " tensors, the saved buckets give it ", saved.layout.groups[g].size()));
+    for (std::size_t k = 0; k < saved.layout.groups[g].size(); ++k) {
+      c10::IValue key;
+      if (!group.try_read("params/" + std::to_string(k), key) || !key.isString())
+        fail(accel::detail::concat("parameter ", k, " of group ", g, " has no key"));
+      FieldMap fields;
+      torch::serialize::InputArchive state;
+      if (states_in.try_read(key.toStringRef(), state))
+        for (const auto& name : state.keys()) fields[name] = read_value(state, name);
+      out[g].push_back(std::move(fields));
+    }
+  }
+  return out;
+}
+
+/// Is this field of a piece's state element-wise (a tensor shaped like the piece)?
+inline bool elementwise(const ArchiveValue& v, const PartitionLayout::Piece& piece) {
+  return v.value.isTensor() && v.value.toTensor().defined() && v.value.toTensor().sizes().vec() == piece.shape;
+}
+
+/// One bucket's state laid out flat: element-wise fields over the whole
+/// bucket (padding included), other fields as the first saved piece had them.
+struct BucketState {
+  std::map<std::string, ArchiveValue> flat;  ///< tensors of the bucket's length
+  FieldMap other;
+  bool any = false;  ///< some saved piece of the bucket had state
+};
+
+}  // namespace relayout
+
+/// The archive that an optimizer holding `target` loads: the state of
+/// `saved` (every process's archive of the run that saved it) re-cut. The
+/// layouts must describe the same buckets (the caller checks).
+inline torch::serialize::InputArchive relayout_optimizer(const std::vector<SavedPartition>& saved,
+                                                         const PartitionLayout& target,
+                                                         c10::optional<torch::Device> device) {
+  using namespace relayout;
+  const std::size_t buckets = target.bucket_numel.size();
+  // Every bucket's length, padding of any layout included.
+  std::vector<int64_t> length(target.bucket_numel);
+  const auto cover = [&](const PartitionLayout& l) {
+    for (const auto& group : l.groups)
+      for (const auto& p : group) length[p.bucket] = std::max(length[p.bucket], p.offset + p.numel);
+  };
+  cover(target);
+  for (const auto& s : saved) cover(s.layout);
+
+  std::vector<BucketState> state(buckets);
+  for (const auto& s : saved) {
+    const auto fields = read_states(s);
+    for (std::size_t g = 0; g < s.layout.groups.size(); ++g) {
+      for (std::size_t k = 0; k < s.layout.groups[g].size(); ++k) {
+        const auto& piece = s.layout.groups[g][k];
+        auto& b = state[piece.bucket];
+        for (const auto& [name, value] : fields[g][k]) {
+          b.any = true;
+          if (!elementwise(value, piece)) {
+            b.other.emplace(name, value);
+            continue;
+          }
+          const auto t = value.value.toTensor();
+          auto& flat = b.flat[name];
+          if (flat.value.isNone()) flat = {torch::zeros({length[piece.bucket]}, t.options()), value.kind};
+          flat.value.toTensor().narrow(0, piece.offset, piece.numel).copy_(t.reshape({-1}));
+        }
+      }
+    }
+  }
+
+  // LibTorch's optimizer format (torch/optim/serialize.h): the states keyed
+  // by a name per tensor, and each group listing its tensors' names in order.
+  auto& first = *saved.front().archive;
+  torch::serialize::OutputArchive out;
+  torch::serialize::OutputArchive states(out.compilation_unit()), groups(out.compilation_unit());
+  torch::serialize::InputArchive saved_groups;
+  first.read("param_groups", saved_groups);
+  groups.write("param_groups/size", torch::tensor(static_cast<int64_t>(target.groups.size())));
+  int64_t name = 0;
+  for (std::size_t g = 0; g < target.groups.size(); ++g) {
+    torch::serialize::OutputArchive group(out.compilation_unit());
+    group.write("params/size", torch::tensor(static_cast<int64_t>(target.groups[g].size())));
+    for (std::size_t k = 0; k < target.groups[g].size(); ++k) {
+      const auto& piece = target.groups[g][k];
+      const std::string key = std::to_string(++name);  // decimal: read as an address by 2.x
+      group.write("params/" + std::to_string(k), c10::IValue(key));
+      const auto& b = state[piece.bucket];
+      if (!b.any) continue;
+      torch::serialize::OutputArchive fields(out.compilation_unit());
+      for (const auto& [field, value] : b.other) write_value(fields, field, value);
+      for (const auto& [field, flat] : b.flat) {
+        auto cut = flat.value.toTensor().narrow(0, piece.offset, piece.numel).reshape(piece.shape).clone();
+        write_value(fields, field, {std::move(cut), flat.kind});
+      }
+      states.write(key, fields);
+    }
+    torch::serialize::InputArchive saved_group, options;
+    saved_groups.read("param_groups/" + std::to_string(g), saved_group);
+    saved_group.read("options", options);
+    torch::serialize::OutputArchive options_copy(out.compilation_unit());
+    copy_archive(options, options_copy);
+    group.write("options", options_copy);
+    groups.write("param_groups/" + std::to_string(g), group);
+  }
+  // Everything else as the first archive has it (LibTorch's format version,
+  // accel's group options).
+  for (const auto& key : first.keys())
+    if (key != "state" && key != "param_groups") copy_entry(first, out, key);
+  out.write("state", states);
+  out.write("param_groups", groups);
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive result;
+  result.load_from(bytes, device);
+  return result;
+}
+
+}  // namespace accel::ckpt::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
+// end <accel/checkpoint/detail/optimizer_relayout.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::ckpt::detail {
+
+/// Keys, shapes and dtypes of a saved model against the module; the error
+/// lists every offending key.
+inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
+                        const fs::path& source) {
+  check_state_matches(loaded, module_state(module), source.string(), "model", "the prepared model");
+}
+
+inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,
+                        const char* what, const fs::path& source) {
+  const auto saved = json_field<int64_t>(meta, key, source);
+  ACCEL_CHECK(saved == static_cast<int64_t>(have), "accel: the checkpoint '", source.parent_path().string(),
+              "' holds ", saved, " ", what, " but this Accelerator has ", have,
+              ". Prepare and register the same objects, in the same order, as the run that saved it.");
+}
+
+/// Everything one process reads, validated, before anything is applied.
+struct ReadState {
+  nlohmann::json meta;
+  std::vector<NamedTensors> models;
+  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
+  std::optional<GeneratorStates> generators;  ///< none: a process the saving run did not have
+  std::vector<data::LoaderCheckpoint> loaders;
+  std::optional<std::pair<double, int64_t>> scaler;
+};
+
+inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
+  auto& comm = *reg.state->comm;
+  const int rank = comm.rank();
+  const fs::path state_file = dir / kStateFile;
+  ReadState s;
+  s.meta = read_json(state_file);
+  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
+              "' is not an accel save_state file. Pass a directory written by save_state().");
+  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
+              "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
+              s.meta["format_version"].dump(), "). Load it with that version.");
+  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
+  const bool other_world = saved_world != comm.size();
+  ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
+              " processes. Load a directory written by save_state().");
+  check_count(s.meta, "models", reg.models.size(), "models", state_file);
+  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
+  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
+  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
+  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  // Checkpoints from before communication hooks: none.
+  const auto hooks = comm_hook_states(reg).size();
+  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
+  ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
+              "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
+              "this Accelerator's prepared models have ", hooks, ". Resume with the same "
+              "AcceleratorOptions::comm_hook as the run that saved it.");
+  ACCEL_CHECK(!other_world || hooks == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+              saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
+              "feedback and Q matrices are per process and cannot be mapped onto another number of "
+              "processes. Resume with ", saved_world, " processes.");
+  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
+              "accel: the checkpoint '", dir.string(), "' was saved ",
+              reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
+              "Accelerator runs ", reg.scaler ? "with" : "without",
+              " one. Resume with the same precision policy.");
+  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
+  // Checkpoints from before re-partitioning record only whether the state was per process.
+  const bool saved_shards = s.meta.contains("shards_optimizer_state")
+                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
+                                : saved_per_rank;
+  ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
+              "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
+              "(optimizer state per process or not). Resume with the same shard policy.");
+  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+    // Each rank's optimizer file holds its chunks of the gradient buckets.
+    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
+    ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
+                "' holds sharded optimizer state partitioned by buckets of ", cap,
+                " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
+                ", which splits the parameters differently. Resume with "
+                "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
+  }
+  // Another number of processes: the optimizer files whose state each
+  // optimizer is cut from now (all processes' files), with their layouts.
+  const bool relayout = other_world && reg.shards_optimizer_state;
+  std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
+  if (relayout) {
+    const auto saved = s.meta.find("partitions");
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
+                         (*saved)[i].is_object() && i < reg.partitions.size() &&
+                         !reg.partitions[i].whole.groups.empty();
+      ACCEL_CHECK(known, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                  " processes but this run has ", comm.size(), ", and it records no buckets for the "
+                  "sharded state of optimizer ", i, " (written by an older accel, or an optimizer "
+                  "that does not hold exactly one prepared model's trainable parameters), so that "
+                  "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
+      const auto& whole = reg.partitions[i].whole;
+      const auto& entry = (*saved)[i];
+      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
+      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
+      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
+      ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
+                  "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
+                  " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
+                  "run's model, optimizer parameter groups and bucket_cap_mb make ", whole.bucket_numel.size(),
+                  " buckets of ", c10::IntArrayRef(whole.bucket_numel), ". Resume with the same model, "
+                  "parameter groups and AcceleratorOptions::bucket_cap_mb as the run that saved it.");
+      if (saved_per_rank) {
+        for (int r = 0; r < saved_world; ++r)
+          sources[i].push_back({nullptr, shard::detail::chunk_layout(numel, group, groups, static_cast<int>(saved_world), r),
+                                dir / optimizer_file(i, r, true)});
+      } else {
+        sources[i].push_back({nullptr, whole, dir / optimizer_file(i, 0, false)});
+      }
+    }
+  }
+  // A process the saving run did not have keeps its random generators and
+  // continues the data where process 0 stood (mapped below).
+  const bool has_own_files = rank < saved_world;
+  const std::string loader_positions = loaders_file(has_own_files ? rank : 0);
+
+  // Every missing file at once.
+  std::vector<std::string> files;
+  if (!other_world) {
+    files = main_files(reg);
+    for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
+  } else {
+    for (auto& f : main_files(reg))
+      if (f.rfind("optimizer", 0) != 0) files.push_back(std::move(f));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+      if (!relayout) files.push_back(optimizer_file(i, 0, false));
+      for (const auto& src : sources[i]) files.push_back(src.file.filename().string());
+    }
+    if (has_own_files) files.push_back(random_states_file(rank));
+    files.push_back(loader_positions);
+  }
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (const auto& f : files)
+    if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    const auto skipped = s.meta.find("models_skipped");
+    const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
+                                 std::find(skipped->begin(), skipped->end(), i) != skipped->end();
+    ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
+                "' holds no file for model ", i, ": a save_state pre-hook took it out when it was "
+                "written (and saved it its own way). Register a load_state pre-hook that erases "
+                "it from the list and loads it the same way.");
+  }
+  ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
+              other_world ? ". Another number of processes reads every process's optimizer files: put "
+                            "the checkpoint where every process can read all of it (a shared file "
+                            "system), or resume with the number of processes that saved it."
+                          : ". Load a directory written completely by save_state().");
+
+  // The checksums save_state recorded (none in checkpoints written before it recorded them).
+  std::optional<Checksums> sums;
+  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
+    sums.emplace();
+    const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
+      const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
+      return value.has_value();
+    });
+    ACCEL_CHECK(valid, "accel: the checkpoint file '", state_file.string(),
+                "' has no valid 'xxh64' entry. Load a directory written by save_state().");
+    for (auto e = it->begin(); e != it->end(); ++e) (*sums)[e.key()] = *from_hex(e.value().get<std::string>());
+  }
+  const auto expected = [&](const std::string& name) -> std::optional<std::uint64_t> {
+    if (!sums) return std::nullopt;
+    const auto it = sums->find(name);
+    ACCEL_CHECK(it != sums->end(), "accel: the checkpoint file '", state_file.string(),
+                "' records no checksum for '", name, "'. Load a directory written completely by "
+                "save_state().");
+    return it->second;
+  };
+
+  s.models.resize(reg.models.size());
+  for (std::size_t i = 0; i < reg.models.size(); ++i) {
+    if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
+    const std::string name = indexed_name("model", i, ".safetensors");
+    const fs::path f = dir / name;
+    auto contents = read_safetensors(f);  // checks the data against the header's checksum
+    if (const auto want = expected(name)) {
+      const auto it = contents.metadata.find(std::string(kDataChecksumKey));
+      const auto have = it == contents.metadata.end() ? std::nullopt : from_hex(it->second);
+      ACCEL_CHECK(have == want, "accel: the checkpoint file '", f.string(),
+                  "' is not the file save_state() wrote there (its data checksum is ",
+                  have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
+                  to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
+    }
+    s.models[i] = std::move(contents.tensors);
+    check_model(s.models[i], *reg.models[i], f);
+  }
+  s.optimizers.resize(reg.optimizers.size());
+  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
+    if (!relayout) {
+      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
+      load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
+      continue;
+    }
+    std::vector<torch::serialize::InputArchive> saved(sources[i].size());
+    for (std::size_t r = 0; r < saved.size(); ++r) {
+      const auto name = sources[i][r].file.filename().string();
+      load_archive(saved[r], sources[i][r].file, expected(name), reg.state->device);
+      sources[i][r].archive = &saved[r];
+    }
+    s.optimizers[i] = relayout_optimizer(sources[i], reg.partitions[i].held, reg.state->device);
+  }
+  s.schedulers.resize(reg.schedulers.size());
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
+    const std::string name = indexed_name("scheduler", i, ".pt");
+    load_archive(s.schedulers[i], dir / name, expected(name));
+  }
+  s.custom.resize(reg.custom.size());
+  for (std::size_t i = 0; i < reg.custom.size(); ++i) {
+    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
+    load_archive(s.custom[i], dir / name, expected(name));
+  }
+  s.comm_hooks.resize(hooks);
+  for (std::size_t i = 0; i < hooks; ++i) {
+    const std::string name = comm_hook_file(i, rank);
+    load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
+  }
+  if (has_own_files) {
+    const fs::path f = dir / random_states_file(rank);
+    torch::serialize::InputArchive rng;
+    load_archive(rng, f, expected(random_states_file(rank)));
+    s.generators = GeneratorStates::read(rng, f);
+  }
+  {
+    const fs::path f = dir / loader_positions;
+    const auto j = read_json(f, expected(loader_positions));
+    const auto list_j = j.find("loaders");
+    ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
+                "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
+                " loader positions. Load a directory written completely by save_state().");
+    for (const auto& l : *list_j) {
+      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
+      ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
+                  "' holds a negative loader position. Save the checkpoint again.");
+      if (other_world && c.batches_yielded > 0) {
+        // The same samples, in whole steps of this run (the epoch's order
+        // does not depend on the number of processes).
+        const std::size_t index = s.loaders.size();
+        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
+        const auto step = reg.loaders[index].samples_per_step();
+        const auto samples = c.batches_yielded * saved_step;
+        ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
+                    " processes but this run has ", comm.size(), ", and it does not record how many "
+                    "samples a step of data loader ", index, " took (written by an older accel). "
+                    "Resume with ", saved_world, " processes.");
+        ACCEL_CHECK(samples % step == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
+                    saved_world, " processes after ", c.batches_yielded, " steps of ", saved_step,
+                    " samples of data loader ", index, " in epoch ", c.epoch, " (", samples,
+                    " samples); this run takes ", step, " samples per step (", comm.size(),
+                    " processes), and ", samples, " samples are not a whole number of its steps, so "
+                    "the epoch cannot be continued exactly. Use a batch size with which ", samples,
+                    " samples are whole steps, or resume with ", saved_world, " processes.");
+        c.batches_yielded = samples / step;
+      }
+      s.loaders.push_back(c);
+    }
+  }
+  if (reg.scaler) {
+    const fs::path f = dir / "scaler.json";
+    const auto j = read_json(f, expected("scaler.json"));
+    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
+    ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
+                "' holds an invalid loss scale. Save the checkpoint again.");
+  }
+  json_field<int64_t>(s.meta, "micro_step", state_file);
+  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
+  return s;
+}
+
+/// Loads archives into objects; on failure puts back the objects already
+/// loaded (from in-memory snapshots) and rethrows.
+class ArchiveTransaction {
+ public:
+  void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
+             std::size_t index) {
+    if (target.snapshot) {
+      done_.push_back(target.snapshot());
+    } else {
+      torch::serialize::OutputArchive snap;
+      target.save(snap);
+      std::ostringstream out;
+      snap.save_to(out);
+      done_.push_back([&target, bytes = out.str()] {
+        std::istringstream in_bytes(bytes);
+        torch::serialize::InputArchive in;
+        in.load_from(in_bytes);
+        target.load(in);
+      });
+    }
+    try {
+      target.load(in);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      rollback();
+      throw Error(accel::detail::concat("accel: cannot restore ", what, " ", index,
+                                        " from the checkpoint (", msg,
+                                        "); nothing was loaded. Prepare the same objects as the "
+                                        "run that saved it."));
+    }
+  }
+  void rollback() noexcept {
+    for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
+      try {
+        (*it)();
+      } catch (...) {  // best effort: the snapshot was taken from this very object
+      }
+    }
+    done_.clear();
+  }
+
+ private:
+  std::vector<std::function<void()>> done_;  ///< restores, in the order applied
+};
+
+}  // namespace accel::ckpt::detail
+
+#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
+// end <accel/checkpoint/detail/state_reader.hpp>
+// begin <accel/checkpoint/save_state.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::save_state/load_state, the machinery of
+/// Accelerator::save_state()/load_state(): the whole training state in one
+/// directory, written atomically by every process, read back exactly.
+///
+/// Directory layout (docs/checkpoints.md has the details):
+///
+///   accel_state.json          main   format, accel version, world size, step
+///                                    counters, how many of each kind, automatic
+///                                    checkpoint number, the XXH64 of every other
+///                                    file ("xxh64"); written last
+///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
+///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
+///                                    optimizer_rank<r>.pt per process when the
+///                                    shard policy partitions optimizer state)
+///   scheduler.pt              main   scheduler 0 (scheduler_1.pt, ...)
+///   custom_checkpoint_<i>.pt  main   objects given to register_for_checkpointing
+///   scaler.json               main   loss scale and growth tracker (Fp16 only)
+///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
+///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
+///   comm_hook_rank<r>.pt      each   CommHook::PowerSGD's step, errors and Qs
+///                                    (comm_hook_1_rank<r>.pt, ...: one per model)
+///
+/// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
+/// the processes agree that all files are in, then the main process renames
+/// the directory into place (see detail::commit_directory). A process killed
+/// at any point leaves the previous checkpoint complete and loadable.
+/// Loading checks every file's checksum and validates it on every process,
+/// and the processes agree, before anything is changed; objects restored through torch archives are
+/// rolled back if one of them still fails.
+#ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
+#define ACCEL_CHECKPOINT_SAVE_STATE_HPP
+
+
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace accel::ckpt {
+
+/// Writes the registry's state to dir, or (no dir) to
+/// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
+/// of those. Every process must call it. Returns the directory written.
+inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  auto& comm = *reg.state->comm;
+  const int rank = comm.rank();
+  const bool main = rank == 0;
+  const bool automatic = !dir.has_value();
+  // Accelerate ignores the directory given when automatic naming is on.
+  ACCEL_CHECK(automatic || !options.automatic_checkpoint_naming,
+              "accel: AcceleratorOptions::automatic_checkpoint_naming is on, so save_state() "
+              "writes project_dir/checkpoints/checkpoint_<N>, not '", dir->string(),
+              "'. Call save_state() without a directory, or turn automatic naming off.");
+  fs::path base;
+  fs::path target;
+  if (automatic) {
+    base = checkpoints_base(options, "save_state");
+    ACCEL_CHECK(!options.total_limit || *options.total_limit >= 1,
+                "accel: AcceleratorOptions::total_limit must be at least 1 (got ",
+                options.total_limit.value_or(0), "). Leave it unset to keep every checkpoint.");
+    target = base / ("checkpoint_" + std::to_string(reg.checkpoint_iteration));
+  } else {
+    target = normal_dir(*dir);
+  }
+  const fs::path stage = target.string() + ".accel-tmp";
+  reg.state->finalize_gradients();
+  // The scale the next backward would use (an update an iteration left
+  // pending), so a resumed run scales its first loss as this run does.
+  reg.state->settle_loss_scale();
+
+  std::exception_ptr err;
+  if (main) {
+    try {
+      std::error_code ec;
+      if (automatic) {
+        // Accelerate's #1601/#3306: a run that did not load numbers from 0
+        // again. Refuse anything but a new newest checkpoint.
+        const auto all = list_checkpoints(base);
+        ACCEL_CHECK(all.empty() || all.back().first < reg.checkpoint_iteration, "accel: '",
+                    base.string(), "' already holds checkpoint_", all.empty() ? 0 : all.back().first,
+                    ", so checkpoint_", reg.checkpoint_iteration,
+                    " would not be the newest. Call load_state() first to continue the numbering "
+                    "of an earlier run, or use another project_dir.");
+      }
+      fs::remove_all(stage, ec);  // left by a killed save
+      fs::create_directories(stage, ec);
+      if (ec || !fs::is_directory(stage))
+        throw Error("accel: cannot create the checkpoint directory '" + stage.string() + "': " +
+                    ec.message() + ". Pass a directory that can be written.");
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  agree(*reg.state->comm, err, "save_state (creating the directory)", kSaveKept);
+
+  // A failed save leaves nothing behind: the previous checkpoint, untouched.
+  const auto remove_stage = [&] {
+    std::error_code ec;
+    if (main) fs::remove_all(stage, ec);
+  };
+  Checksums sums;
+  const SkippedModels skipped(reg);
+  try {
+    reg.models_skipped = reg.save_pre_hooks.run(reg.models, stage, "save_state");
+    sums = write_process_files(reg, stage, rank);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  try {
+    agree(*reg.state->comm, err, "save_state (writing the files)", kSaveKept);
+  } catch (...) {
+    remove_stage();
+    throw;
+  }
+  sums = gather_checksums(reg, std::move(sums));
+
+  if (main) {
+    try {
+      nlohmann::json meta = {
+          {"format", std::string(kStateFormat)},
+          {"format_version", kStateFormatVersion},
+          {"accel_version", version_string},
+          {"world_size", comm.size()},
+          {"micro_step", reg.state->micro_step},
+          {"optimizer_steps", reg.state->optimizer_steps},
+          {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
+          {"models", reg.models.size()},
+          {"models_skipped", reg.models_skipped},
+          {"optimizers", reg.optimizers.size()},
+          {"optimizer_per_rank", reg.optimizer_per_rank},
+          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
+          {"shards_optimizer_state", reg.shards_optimizer_state},
+          {"partitions", partitions_json(reg)},
+          {"schedulers", reg.schedulers.size()},
+          {"loaders", reg.loaders.size()},
+          {"custom_objects", reg.custom.size()},
+          {"comm_hook_states", comm_hook_states(reg).size()},
+          {"loss_scaler", reg.scaler != nullptr},
+          {"xxh64", checksums_json(sums)}};
+      write_json(stage / kStateFile, meta);
+      fsync_path(stage, true);
+      crash_point("before_commit");
+      commit_directory(stage, target);
+      if (automatic && options.total_limit) {
+        auto all = list_checkpoints(base);
+        std::error_code ec;
+        for (std::size_t i = 0; i + static_cast<std::size_t>(*options.total_limit) < all.size(); ++i)
+          fs::remove_all(all[i].second, ec);
+      }
+    } catch (...) {
+      err = std::current_exception();
+      remove_stage();
+    }
+  }
+  agree(*reg.state->comm, err, "save_state (committing the directory)", kSaveKept);
+  if (automatic) ++reg.checkpoint_iteration;
+  return target;
+}
+
+namespace detail {
+
+/// load_state's second half: puts what read_state() read (and every process
+/// agreed is valid) into the registry's objects. Archive loads that still
+/// fail are rolled back on every process, which then all throw.
+inline void apply_state(StateRegistry& reg, ReadState& s) {
+  std::exception_ptr err;
+  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
+  ArchiveTransaction tx;
+  try {
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
+      tx.apply(reg.optimizers[i], s.optimizers[i], "optimizer", i);
+    for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
+      tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
+    for (std::size_t i = 0; i < reg.custom.size(); ++i)
+      tx.apply(reg.custom[i], s.custom[i], "registered object", i);
+    for (std::size_t i = 0; i < hooks.size(); ++i)
+      tx.apply(hooks[i], s.comm_hooks[i], "communication hook", i);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (failed_rank(*reg.state->comm, err == nullptr) >= 0) {
+    tx.rollback();
+    agree(*reg.state->comm, err, "load_state (restoring optimizers, schedulers and registered objects)",
+          kLoadKept);
+  }
+
+  // Validated above: nothing below can fail.
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < reg.models.size(); ++i) {
+      if (reg.models_skipped.count(i)) continue;
+      std::map<std::string, torch::Tensor> by_name(s.models[i].begin(), s.models[i].end());
+      for (auto& [key, t] : module_state(*reg.models[i])) {
+        torch::Tensor target_tensor = t;
+        target_tensor.copy_(by_name.at(key));
+      }
+    }
+  }
+  if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
+  if (s.generators) s.generators->apply();
+  reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
+  reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
+  for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
+  for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
+}
+
+}  // namespace detail
+
+/// Restores the registry's state from dir, or (no dir) from the newest
+/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
+/// automatic number. Every process must call it. A bad checkpoint throws
+/// accel::Error on every process and changes nothing. Returns the directory read.
+inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                        std::optional<std::filesystem::path> dir = {}) {
+  using namespace detail;
+  fs::path target;
+  std::optional<int64_t> number;
+  std::exception_ptr err;
+  ReadState s;
+  const SkippedModels skipped(reg);
+  try {
+    if (dir) {
+      target = normal_dir(*dir);
+    } else {
+      const fs::path base = checkpoints_base(options, "load_state");
+      const auto all = list_checkpoints(base);
+      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
+                  base.string(), "'. Save one with save_state() first, or pass a directory.");
+      target = all.back().second;
+      number = all.back().first;
+    }
+    const auto readable = readable_checkpoint(target);
+    reg.models_skipped = reg.load_pre_hooks.run(reg.models, readable, "load_state");
+    s = read_state(reg, readable);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(*reg.state->comm, err, "load_state (reading the checkpoint)", kLoadKept);
+  apply_state(reg, s);
+  if (number) {
+    reg.checkpoint_iteration = *number + 1;
+  } else if (const auto it = s.meta.find("checkpoint_iteration");
+             it != s.meta.end() && it->is_number_integer()) {
+    reg.checkpoint_iteration = it->get<int64_t>() + 1;
+  }
+  return target;
+}
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_SAVE_STATE_HPP
+// end <accel/checkpoint/save_state.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::ckpt {
+
+namespace detail {
+
+/// The main process's numbers, the same on every process (a file system whose
+/// listing differs between processes must not make them read different
+/// checkpoints and disagree in the middle of a collective).
+inline std::vector<int64_t> share_numbers(StateRegistry& reg, std::vector<int64_t> numbers) {
+  auto& comm = *reg.state->comm;
+  if (comm.size() == 1) return numbers;
+  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto count = torch::full({1}, static_cast<int64_t>(numbers.size()), opts);
+  comm.broadcast(count, 0)->wait();
+  const auto n = count.to(torch::kCPU).item<int64_t>();
+  auto values = comm.rank() == 0 ? torch::tensor(numbers, opts) : torch::zeros({n}, opts);
+  if (n > 0) comm.broadcast(values, 0)->wait();
+  values = values.to(torch::kCPU);
+  return std::vector<int64_t>(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + n);
+}
+
+}  // namespace detail
+
+/// Loads the newest complete checkpoint under project_dir/checkpoints (see
+/// the file comment) and returns its directory; without one, changes nothing
+/// and returns std::nullopt. Either way the next automatic checkpoint number
+/// is past every checkpoint_<N> there, complete or not. When checkpoints exist
+/// but none loads, the newest one's error is thrown on every process. Every
+/// process must call it.
+inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg,
+                                                              const AcceleratorOptions& options) {
+  using namespace detail;
+  const fs::path base = checkpoints_base(options, "load_latest_state");
+  const bool main = reg.state->comm->rank() == 0;
+  // [highest N of any checkpoint_<N>, then the complete-looking ones, newest first]
+  std::vector<int64_t> numbers{-1};
+  if (main) {
+    const auto all = list_checkpoints(base);
+    std::error_code ec;
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (fs::is_regular_file(it->second / kStateFile, ec)) numbers.push_back(it->first);
+    if (!all.empty()) numbers[0] = all.back().first;
+  }
+  numbers = share_numbers(reg, std::move(numbers));
+  const auto after_highest = [&] {
+    reg.checkpoint_iteration = std::max(reg.checkpoint_iteration, numbers.front() + 1);
+  };
+
+  std::exception_ptr newest_error;
+  for (std::size_t i = 1; i < numbers.size(); ++i) {
+    const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
+    std::exception_ptr err;
+    ReadState s;
+    const SkippedModels skipped(reg);
+    try {
+      reg.models_skipped = reg.load_pre_hooks.run(reg.models, dir, "load_state");
+      s = read_state(reg, dir);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const int failed = failed_rank(*reg.state->comm, err == nullptr);
+    if (failed < 0) {
+      apply_state(reg, s);
+      after_highest();
+      return dir;
+    }
+    if (i == 1) newest_error = err;
+    if (failed == reg.state->comm->rank()) {
+      std::string why = "unknown error";
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      std::cerr << "accel: warning: load_latest_state() skips '" << dir.string()
+                << "', which process " << failed << " cannot load: " << why
+                << (i + 1 < numbers.size() ? " Trying the next older checkpoint."
+                                           : " No older checkpoint is left.")
+                << std::endl;
+    }
+  }
+  if (numbers.size() > 1)
+    agree(*reg.state->comm, newest_error, "load_latest_state (reading the newest checkpoint)",
+          "no checkpoint under it loads; nothing was loaded on this process");
+  after_highest();
+  return std::nullopt;
+}
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_LATEST_STATE_HPP
+// end <accel/checkpoint/latest_state.hpp>
 
 #endif  // ACCEL_CHECKPOINT_HPP
 // end <accel/checkpoint.hpp>
@@ -11133,275 +13546,10 @@ void launch(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}) {
 
 #include <torch/torch.h>
 
-// begin <accel/detail/training_state.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::detail::TrainingState, the state an Accelerator shares
-/// with the objects it prepared (they outlive no Accelerator copy: shared_ptr),
-/// and the step protocol they follow around every optimizer step.
-#ifndef ACCEL_DETAIL_TRAINING_STATE_HPP
-#define ACCEL_DETAIL_TRAINING_STATE_HPP
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <vector>
-
-#include <torch/torch.h>
-
-// begin <accel/detail/join_state.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::detail::JoinState, what a live join_uneven_inputs()
-/// guard shares with the prepared models and optimizers: before each
-/// communicating forward of a guarded model (a buffer broadcast, or a
-/// backward that reduces gradients) and each optimizer step, every
-/// rank says what it is about to do (one all-gather of one number), so that a
-/// rank that ran out of data can repeat the others' collectives, and ranks
-/// that do different things are an error naming them.
-#ifndef ACCEL_DETAIL_JOIN_STATE_HPP
-#define ACCEL_DETAIL_JOIN_STATE_HPP
-
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace accel::detail {
-
-class JoinState {
- public:
-  /// A guarded model: its gradient sync, and what a joined rank does while
-  /// the others run its forward (and backward): broadcast the buffers when
-  /// they do, reduce zero gradients when their backward reduces.
-  struct Model {
-    const shard::detail::GradientSync* sync;
-    std::function<void(bool buffers, bool reduce)> shadow;
-  };
-  /// What the ranks with data are about to do; a rank out of data announces
-  /// kJoined instead.
-  struct Action {
-    enum Kind : int64_t { kForward = 0, kStep = 1 };
-    Kind kind;
-    std::size_t index;     ///< guarded model (kForward) or prepared optimizer (kStep)
-    bool buffers = false;  ///< kForward: the forward broadcasts buffers
-    bool reduce = false;   ///< kForward: its backward reduces gradients (a sync step)
-  };
-  static constexpr int64_t kJoined = -1;
-
-  JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
-      : comm_(std::move(comm)), models_(std::move(models)) {}
-
-  /// Index of a guarded model (-1: the model is not guarded).
-  int64_t model_index(const shard::detail::GradientSync* sync) const {
-    for (std::size_t i = 0; i < models_.size(); ++i)
-      if (models_[i].sync == sync) return static_cast<int64_t>(i);
-    return -1;
-  }
-  const Model& model(std::size_t i) const { return models_[i]; }
-
-  /// A rank with data, before the collectives of `action`: every rank must be
-  /// about to do the same, or be out of data.
-  void announce(const Action& action) { (void)exchange(encode(action)); }
-
-  /// A rank out of data: what the ranks with data are about to do, or
-  /// nothing once every rank is out of data.
-  std::optional<Action> next_action() {
-    const auto v = exchange(kJoined);
-    if (v == kJoined) return std::nullopt;
-    return decode(v);
-  }
-
- private:
-  // index << 3 | step << 2 | reduce << 1 | buffers: one int64 per rank.
-  static int64_t encode(const Action& a) {
-    return static_cast<int64_t>(a.index) << 3 | (a.kind == Action::kStep ? 4 : 0) | (a.reduce ? 2 : 0) |
-           (a.buffers ? 1 : 0);
-  }
-  static Action decode(int64_t v) {
-    return Action{(v & 4) ? Action::kStep : Action::kForward, static_cast<std::size_t>(v >> 3), (v & 1) != 0,
-                  (v & 2) != 0};
-  }
-
-  int64_t exchange(int64_t mine) {
-    const int world = comm_->size();
-    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
-    auto all = torch::empty({world}, in.options());
-    comm_->all_gather(all, in)->wait();
-    const auto slots = all.cpu();
-    const auto* s = slots.data_ptr<int64_t>();
-    int64_t running = kJoined;
-    bool agree = true;
-    for (int r = 0; r < world; ++r) {
-      if (s[r] == kJoined) continue;
-      if (running == kJoined) running = s[r];
-      agree = agree && s[r] == running;
-    }
-    if (!agree) {
-      std::ostringstream what;
-      for (int r = 0; r < world; ++r) what << (r ? "; " : "") << "rank " << r << ": " << describe(s[r]);
-      throw Error("accel: under join_uneven_inputs() the ranks are about to run different "
-                  "collectives (" + what.str() + "). Every rank that still has data must run the "
-                  "same sequence: the forward of the same guarded model (with gradients), then "
-                  "its backward, then the same optimizer's step().");
-    }
-    return running;
-  }
-
-  static std::string describe(int64_t v) {
-    if (v == kJoined) return "out of data (joined)";
-    const auto a = decode(v);
-    if (a.kind == Action::kStep) return "step() of prepared optimizer " + std::to_string(a.index);
-    return "forward of guarded model " + std::to_string(a.index) +
-           (a.reduce ? "" : " without gradient sync") + (a.buffers ? " (broadcasting buffers)" : "");
-  }
-
-  std::shared_ptr<runtime::Communicator> comm_;
-  std::vector<Model> models_;
-};
-
-}  // namespace accel::detail
-
-#endif  // ACCEL_DETAIL_JOIN_STATE_HPP
-// end <accel/detail/join_state.hpp>
-
-namespace accel::shard::detail {
-class ZeroReducer;
-}  // namespace accel::shard::detail
-
-namespace accel::detail {
-
-struct TrainingState {
-  std::shared_ptr<runtime::Communicator> comm;
-  torch::Device device{torch::kCPU};
-  int gradient_accumulation_steps = 1;
-  /// The one "synchronise gradients now" flag: false on the non-sync
-  /// micro-steps of accumulate(); gradient syncs read it (sync_flag()).
-  bool sync_gradients = true;
-  int64_t micro_step = 0;         ///< counts accumulate() entries (Accelerate's `step`)
-  int64_t optimizer_steps = 0;    ///< optimizer steps that really happened
-  bool last_step_skipped = false; ///< the last AcceleratedOptimizer::step() did not update
-  std::vector<std::shared_ptr<shard::detail::GradientSync>> syncs;  ///< one per prepared model
-  /// The sharded models' reducers (also in syncs): where an optimizer or a
-  /// clip finds the model that owns its parameters.
-  std::vector<std::shared_ptr<shard::detail::ZeroReducer>> sharded;
-  /// precision::Fp16's loss scaler. The Accelerator owns it; a prepared
-  /// optimizer may outlive the Accelerator, and must then say so.
-  std::weak_ptr<precision::LossScaler> scaler;
-  bool loss_scaling = false;
-  /// join_uneven_inputs(): the live guard's state (null outside one).
-  std::shared_ptr<JoinState> join;
-  /// Each prepared optimizer's step as a rank out of data repeats it under
-  /// join_uneven_inputs() (prepare() order; AcceleratedOptimizer adds it).
-  std::vector<std::function<void(TrainingState&)>> optimizer_shadows;
-
-  /// sync_gradients, shared with the gradient syncs of prepared models.
-  static std::shared_ptr<const bool> sync_flag(const std::shared_ptr<TrainingState>& self) {
-    return std::shared_ptr<const bool>(self, &self->sync_gradients);
-  }
-
-  /// Every gradient averaged and ready for the optimizer or for clipping.
-  void finalize_gradients() {
-    for (auto& s : syncs) s->finalize();
-  }
-
-  /// Before an optimizer step (Fp16: unscale the optimizer's gradients, each
-  /// once per iteration, and agree on inf/NaN across ranks); false when every
-  /// rank must skip it. `index`: the optimizer's place in prepare() order.
-  bool before_step(torch::optim::Optimizer& opt, std::size_t index) {
-    if (!loss_scaling) return true;
-    // Its second step with no backward in between (a rank out of data under
-    // join_uneven_inputs()): the last iteration is over.
-    if (index < stepped_.size() && stepped_[index]) update_scaler();
-    std::vector<torch::Tensor> params;
-    for (auto& g : opt.param_groups())
-      for (auto& p : g.params()) params.push_back(p);
-    return !live_scaler()->unscale(params, *comm);
-  }
-
-  /// After a step attempt (Fp16: the scale is updated once per iteration:
-  /// now if every prepared optimizer has stepped, else before the next
-  /// backward scales a loss, as GradScaler.update() after all steps).
-  void after_step(std::size_t index) {
-    if (!loss_scaling) return;
-    if (stepped_.size() < std::max(optimizer_shadows.size(), index + 1))
-      stepped_.resize(std::max(optimizer_shadows.size(), index + 1), false);
-    stepped_[index] = true;
-    if (std::all_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
-  }
-
-  /// Before a backward scales its loss, or before save_state records the
-  /// scale: the update an iteration with fewer steps than optimizers left.
-  void settle_loss_scale() {
-    if (loss_scaling && std::any_of(stepped_.begin(), stepped_.end(), [](bool b) { return b; })) update_scaler();
-  }
-
- private:
-  void update_scaler() {
-    live_scaler()->update();
-    stepped_.assign(stepped_.size(), false);
-  }
-
-  std::vector<bool> stepped_;  ///< Fp16: per optimizer, stepped since the last scale update
-
-  std::shared_ptr<precision::LossScaler> live_scaler() const {
-    auto s = scaler.lock();
-    ACCEL_CHECK(s != nullptr, "accel: optimizer.step() after the Accelerator that prepared the "
-                "optimizer was destroyed (its loss scaler went with it). Keep the Accelerator "
-                "alive while you train with what it prepared.");
-    return s;
-  }
-};
-
-}  // namespace accel::detail
-
-#endif  // ACCEL_DETAIL_TRAINING_STATE_HPP
-// end <accel/detail/training_state.hpp>
 
 namespace accel {
 
 namespace detail {
-
-/// Models prepare() accepts: torch::nn::ModuleHolder<T> (Linear, Sequential,
-/// TORCH_MODULE types) or std::shared_ptr<T>, with T derived from Module.
-template <class M>
-struct model_traits : std::false_type {};
-template <class T>
-  requires std::is_base_of_v<torch::nn::Module, T>
-struct model_traits<torch::nn::ModuleHolder<T>> : std::true_type {
-  using module_type = T;
-};
-template <class T>
-  requires std::is_base_of_v<torch::nn::Module, T>
-struct model_traits<std::shared_ptr<T>> : std::true_type {
-  using module_type = T;
-};
-// A TORCH_MODULE(Net) holder is a class derived from ModuleHolder<NetImpl>.
-template <class M>
-  requires(!std::is_same_v<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
-           std::is_base_of_v<torch::nn::ModuleHolder<typename M::ContainedType>, M>)
-struct model_traits<M> : std::true_type {
-  using module_type = typename M::ContainedType;
-};
-
-template <class M>
-inline constexpr bool is_model_v = model_traits<std::remove_cvref_t<M>>::value;
-
-template <class M>
-auto* module_ptr(const M& m) {
-  if constexpr (requires { m.ptr(); }) {
-    return m.ptr().get();  // ModuleHolder: get() const would add const
-  } else {
-    return m.get();
-  }
-}
 
 /// Autocast computes in 16 bits; what leaves the model is float32 again, as
 /// Accelerate's convert_outputs_to_fp32 does, so losses and metrics keep
@@ -11879,2132 +14027,6 @@ auto share(A&& a) {
 
 #include <torch/torch.h>
 
-// begin <accel/checkpoint/latest_state.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::ckpt::load_latest_state, the machinery of
-/// Accelerator::load_latest_state(): resume from the newest automatic
-/// checkpoint that is complete, or start fresh when there is none. What an
-/// elastic restart (LaunchOptions::max_restarts) calls first.
-///
-/// Which checkpoint: the directories project_dir/checkpoints/checkpoint_<N>,
-/// newest first, as the main process lists them. One without accel_state.json
-/// (save_state writes it last) is not a checkpoint; <dir>.accel-tmp, what a
-/// save killed half-way leaves, is never listed. A checkpoint that any process
-/// cannot read (a file missing, truncated or not matching its checksum, or
-/// not fitting this run) is skipped with a warning and the next older one is
-/// tried. Every process reads before anything changes, so nothing is loaded
-/// from a checkpoint that fails anywhere.
-#ifndef ACCEL_CHECKPOINT_LATEST_STATE_HPP
-#define ACCEL_CHECKPOINT_LATEST_STATE_HPP
-
-// begin <accel/checkpoint/detail/state_layout.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines the names of save_state's files, the listing of automatic
-/// checkpoints, the agreement of the processes on success, and what each
-/// process writes.
-#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
-#define ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
-
-// begin <accel/checkpoint/detail/state_files.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines the file side of save_state/load_state: torch archives and
-/// JSON files read with errors that name the file, fsync of written files,
-/// the atomic directory commit, the generator states of a process, and the
-/// test-only crash hook.
-#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
-#define ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
-
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <nlohmann/json.hpp>
-#include <torch/torch.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <csignal>
-#include <cstdio>
-#include <exception>
-#include <cstdlib>
-#include <filesystem>
-#include <mutex>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <system_error>
-
-#include <fcntl.h>
-#include <unistd.h>
-
-namespace accel::ckpt::detail {
-
-namespace fs = std::filesystem;
-
-/// Test-only: ACCEL_TEST_SAVE_STATE_CRASH=<point> makes save_state kill its
-/// own process with SIGKILL at that point ("writing": after this process's
-/// first file; "before_commit": main process, all files in, before the
-/// rename; "between_renames": main process, forces the two-rename commit and
-/// dies between the renames). Lets tests check that a killed save leaves the
-/// previous checkpoint loadable.
-inline void crash_point(std::string_view point) {
-  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
-  if (want != nullptr && point == want) ::kill(::getpid(), SIGKILL);
-}
-inline bool crash_requested(std::string_view point) {
-  const char* want = std::getenv("ACCEL_TEST_SAVE_STATE_CRASH");
-  return want != nullptr && point == want;
-}
-
-/// fsync a file or directory (best effort for directories: some file
-/// systems refuse it).
-inline void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) {
-    if (directory) return;
-    fail_io("open for flushing", p, errno);
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0 && !directory) fail_io("flush", p, err);
-}
-
-/// Writes an archive atomically through accel's own file, so that a failed
-/// write (a full disk) is an error naming the path and errno rather than
-/// LibTorch's "unexpected pos" (and its abort: its writer's destructor throws
-/// again), and the checksum comes with the write.
-inline std::uint64_t save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
-  AtomicFile file(path);
-  std::exception_ptr io_error;
-  const auto write = [&](const void* data, std::size_t size) -> std::size_t {
-    // After a failed write the rest is dropped but reported as written, so
-    // that LibTorch finishes its archive normally; the error is thrown below.
-    if (io_error) return size;
-    try {
-      if (data != nullptr) {
-        file.write(data, size);
-      } else {  // LibTorch's "skip ahead": a hole, zeros in a new file
-        const std::string zeros(size, '\0');
-        file.write(zeros.data(), size);
-      }
-      return size;
-    } catch (...) {
-      io_error = std::current_exception();
-      return size;
-    }
-  };
-  try {
-    archive.save_to(write);
-  } catch (const c10::Error& e) {
-    if (io_error) std::rethrow_exception(io_error);
-    throw Error(accel::detail::concat("accel: cannot write '", path.string(), "': ",
-                                      e.what_without_backtrace(),
-                                      ". Check the path, its permissions and the free disk space."));
-  }
-  if (io_error) std::rethrow_exception(io_error);
-  file.commit();
-  return file.checksum();
-}
-
-[[noreturn]] inline void fail_missing(const fs::path& path) {
-  throw Error("accel: the checkpoint file '" + path.string() +
-              "' is missing. Load a directory written completely by save_state().");
-}
-
-[[noreturn]] inline void fail_checksum(const fs::path& path, std::uint64_t actual, std::uint64_t expected) {
-  throw Error(accel::detail::concat(
-      "accel: the checkpoint file '", path.string(),
-      "' is corrupt: its bytes changed after save_state() wrote them (XXH64 ", to_hex(actual),
-      ", recorded ", to_hex(expected), "). Load another checkpoint, or restore this file from a copy."));
-}
-
-/// The file's bytes (a small file), checked against the checksum save_state
-/// recorded for it (none: a checkpoint written before accel recorded them).
-inline std::string read_checked(const fs::path& path, std::optional<std::uint64_t> expected) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail_missing(path);
-  std::string bytes = read_whole_file(path);
-  if (expected) {
-    Xxh64 hash;
-    hash.update(bytes);
-    if (hash.digest() != *expected) fail_checksum(path, hash.digest(), *expected);
-  }
-  return bytes;
-}
-
-/// A whole archive, checked and parsed; a truncated or corrupt file is an
-/// accel::Error. The check reads the file once more (from the page cache)
-/// rather than holding a copy of it in memory: optimizer files are large.
-inline void load_archive(torch::serialize::InputArchive& archive, const fs::path& path,
-                         std::optional<std::uint64_t> expected,
-                         c10::optional<torch::Device> device = c10::nullopt) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail_missing(path);
-  if (expected) {
-    const auto actual = file_checksum(path);
-    if (actual != *expected) fail_checksum(path, actual, *expected);
-  }
-  try {
-    archive.load_from(path.string(), device);
-  } catch (const c10::Error& e) {
-    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
-                                      "' is truncated or corrupt (", e.what_without_backtrace(),
-                                      "). Load another checkpoint, or save this one again."));
-  }
-}
-
-inline std::uint64_t write_json(const fs::path& path, const nlohmann::json& j) {
-  return write_file_atomic(path, j.dump(2) + "\n");
-}
-
-inline nlohmann::json read_json(const fs::path& path,
-                                std::optional<std::uint64_t> expected = std::nullopt) {
-  const std::string text = read_checked(path, expected);
-  try {
-    auto j = nlohmann::json::parse(text);
-    if (!j.is_object()) throw std::runtime_error("not a JSON object");
-    return j;
-  } catch (const std::exception& e) {
-    throw Error(accel::detail::concat("accel: the checkpoint file '", path.string(),
-                                      "' is truncated or corrupt (", e.what(),
-                                      "). Load another checkpoint, or save this one again."));
-  }
-}
-
-/// j[key] as T, or an accel::Error naming the file and the key.
-template <class T>
-T json_field(const nlohmann::json& j, const char* key, const fs::path& source) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const std::exception&) {
-    throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
-                                      "' has no valid '", key,
-                                      "' entry. Load a directory written by save_state()."));
-  }
-}
-
-/// Puts `stage` (complete, flushed) in place of `target`. A reader sees the
-/// old or the new checkpoint at every instant: renameat2(RENAME_EXCHANGE)
-/// swaps them in one step; where that is unavailable, target moves aside to
-/// target.accel-old first (load_state() falls back to it if target is gone).
-inline void commit_directory(const fs::path& stage, const fs::path& target) {
-  std::error_code ec;
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const fs::path old = target.string() + ".accel-old";
-  if (!fs::exists(target, ec)) {
-    if (::rename(stage.c_str(), target.c_str()) != 0)
-      fail_io("rename the finished checkpoint to", target, errno);
-    fsync_path(parent, true);
-    fs::remove_all(old, ec);
-    return;
-  }
-#if defined(RENAME_EXCHANGE)
-  if (!crash_requested("between_renames") &&
-      ::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-    fsync_path(parent, true);
-    fs::remove_all(stage, ec);  // now the previous checkpoint
-    return;
-  }
-#endif
-  fs::remove_all(old, ec);
-  if (::rename(target.c_str(), old.c_str()) != 0)
-    fail_io("move the previous checkpoint aside from", target, errno);
-  fsync_path(parent, true);
-  crash_point("between_renames");
-  if (::rename(stage.c_str(), target.c_str()) != 0)
-    fail_io("rename the finished checkpoint to", target, errno);
-  fsync_path(parent, true);
-  fs::remove_all(old, ec);
-}
-
-/// The directory to read: target, or target.accel-old when a commit was
-/// interrupted between its two renames.
-inline fs::path readable_checkpoint(const fs::path& target) {
-  std::error_code ec;
-  if (fs::is_directory(target, ec)) return target;
-  const fs::path old = target.string() + ".accel-old";
-  if (!fs::exists(target, ec) && fs::is_directory(old, ec)) return old;
-  if (fs::exists(target, ec))
-    throw Error("accel: the checkpoint path '" + target.string() +
-                "' is a file, not a directory. Pass the directory save_state() wrote (the one "
-                "holding accel_state.json).");
-  throw Error("accel: the checkpoint directory '" + target.string() +
-              "' does not exist. Pass a directory written by save_state().");
-}
-
-// ---- generator states ----
-
-inline torch::Tensor generator_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-inline void set_generator_state(at::Generator gen, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-inline int cuda_device_count() {
-  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-}
-
-/// This process's generators: LibTorch's CPU generator, every CUDA device's,
-/// and accel::std_generator(). std::rand has no readable state and is not saved.
-inline void save_generators(torch::serialize::OutputArchive& out) {
-  out.write("cpu", generator_state(at::detail::getDefaultCPUGenerator()));
-  const int n = cuda_device_count();
-  out.write("cuda_count", torch::tensor(static_cast<int64_t>(n)));
-  for (int i = 0; i < n; ++i)
-    out.write("cuda_" + std::to_string(i),
-              generator_state(at::globalContext().defaultGenerator(
-                  c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)))));
-  std::ostringstream mt;
-  mt << std_generator();
-  out.write("std_generator", c10::IValue(mt.str()));
-}
-
-/// The generator states read from an archive, checked; apply() sets them.
-struct GeneratorStates {
-  torch::Tensor cpu;
-  std::vector<torch::Tensor> cuda;
-  std::mt19937_64 std_gen;
-
-  static GeneratorStates read(torch::serialize::InputArchive& in, const fs::path& source) {
-    GeneratorStates s;
-    try {
-      in.read("cpu", s.cpu);
-      torch::Tensor count;
-      in.read("cuda_count", count);
-      const auto n = count.item<int64_t>();
-      for (int64_t i = 0; i < n; ++i) {
-        torch::Tensor t;
-        in.read("cuda_" + std::to_string(i), t);
-        s.cuda.push_back(t);
-      }
-      c10::IValue mt;
-      in.read("std_generator", mt);
-      std::istringstream text(mt.toStringRef());
-      text >> s.std_gen;
-      if (!text) throw std::runtime_error("std_generator state does not parse");
-    } catch (const std::exception& e) {
-      throw Error(accel::detail::concat("accel: the checkpoint file '", source.string(),
-                                        "' is truncated or corrupt (", e.what(),
-                                        "). Load another checkpoint, or save this one again."));
-    }
-    const auto expect = generator_state(at::detail::getDefaultCPUGenerator());
-    ACCEL_CHECK(s.cpu.scalar_type() == torch::kByte && s.cpu.numel() == expect.numel(),
-                "accel: the CPU generator state in '", source.string(),
-                "' has the wrong size. Load a checkpoint saved by this LibTorch.");
-    return s;
-  }
-
-  void apply() const {
-    set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-    const int n = std::min<int>(cuda_device_count(), static_cast<int>(cuda.size()));
-    for (int i = 0; i < n; ++i)
-      set_generator_state(at::globalContext().defaultGenerator(
-                              c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))),
-                          cuda[static_cast<std::size_t>(i)]);
-    std_generator() = std_gen;
-  }
-};
-
-}  // namespace accel::ckpt::detail
-
-#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_FILES_HPP
-// end <accel/checkpoint/detail/state_files.hpp>
-// begin <accel/checkpoint/state_registry.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::ckpt::StateRegistry (what save_state() writes
-/// and load_state() restores, recorded as the Accelerator prepares it) and the
-/// Checkpointable concept of register_for_checkpointing().
-#ifndef ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
-#define ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
-
-// begin <accel/checkpoint/detail/optimizer_keys.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Reads optimizer archives written by LibTorch 1.13 on LibTorch 2.x.
-///
-/// An optimizer archive names each parameter's state by the parameter's
-/// TensorImpl address. 1.13 prints it in hex ("0x55d0c3a1b2c0"); 2.x prints
-/// it in decimal and reads it back with std::stoull, which reads every 1.13
-/// key as 0: all states land on one parameter, and the first step fails on a
-/// shape mismatch (or, with equal shapes, trains on another tensor's moments).
-/// The keys are rewritten in decimal before 2.x loads such an archive. 1.13
-/// compares the keys as strings, so it reads both spellings as they are.
-#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
-#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
-
-
-#include <torch/torch.h>
-
-#include <cctype>
-#include <sstream>
-#include <string>
-
-namespace accel::ckpt::detail {
-
-inline bool is_hex_address(const std::string& key) {
-  if (key.size() < 3 || key[0] != '0' || key[1] != 'x') return false;
-  for (std::size_t i = 2; i < key.size(); ++i)
-    if (!std::isxdigit(static_cast<unsigned char>(key[i]))) return false;
-  return true;
-}
-
-inline std::string decimal_address(const std::string& hex_key) {
-  return std::to_string(std::stoull(hex_key, nullptr, 16));
-}
-
-/// One value of an archive as LibTorch stored it: a tensor registered as a
-/// parameter or a buffer, or any other value (an attribute).
-struct ArchiveValue {
-  enum class Kind { parameter, buffer, attribute };
-  c10::IValue value;
-  Kind kind = Kind::attribute;
-};
-
-/// `key` of `in`, which must not be a sub-archive.
-inline ArchiveValue read_value(torch::serialize::InputArchive& in, const std::string& key) {
-  torch::Tensor t;
-  if (in.try_read(key, t, /*is_buffer=*/false)) return {t, ArchiveValue::Kind::parameter};
-  if (in.try_read(key, t, /*is_buffer=*/true)) return {t, ArchiveValue::Kind::buffer};
-  c10::IValue v;
-  in.read(key, v);
-  return {std::move(v), ArchiveValue::Kind::attribute};
-}
-
-inline void write_value(torch::serialize::OutputArchive& out, const std::string& key, const ArchiveValue& v) {
-  if (v.kind == ArchiveValue::Kind::attribute)
-    out.write(key, v.value);
-  else
-    out.write(key, v.value.toTensor(), /*is_buffer=*/v.kind == ArchiveValue::Kind::buffer);
-}
-
-/// Copies an archive key by key (sub-archives, parameters, buffers, other
-/// values). With decimal_addresses, hex addresses are rewritten in decimal
-/// where they name optimizer states: keys directly under "state" and string
-/// values under "params".
-inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                         bool decimal_addresses = false, const std::string& parent = "");
-
-/// Copies entry `key` of `in` (a sub-archive or a value), as copy_archive does.
-inline void copy_entry(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                       const std::string& key, bool decimal_addresses = false, const std::string& parent = "") {
-  torch::serialize::InputArchive sub;
-  if (in.try_read(key, sub)) {
-    torch::serialize::OutputArchive copy(out.compilation_unit());
-    copy_archive(sub, copy, decimal_addresses, key);
-    const bool rename = decimal_addresses && parent == "state" && is_hex_address(key);
-    out.write(rename ? decimal_address(key) : key, copy);
-    return;
-  }
-  auto v = read_value(in, key);
-  if (decimal_addresses && v.value.isString() && key.rfind("params/", 0) == 0 &&
-      is_hex_address(v.value.toStringRef()))
-    v.value = c10::IValue(decimal_address(v.value.toStringRef()));
-  write_value(out, key, v);
-}
-
-inline void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
-                         bool decimal_addresses, const std::string& parent) {
-  for (const std::string& key : in.keys()) copy_entry(in, out, key, decimal_addresses, parent);
-}
-
-/// True when `in` is an optimizer archive whose state keys are 1.13's hex.
-inline bool has_hex_state_keys(torch::serialize::InputArchive& in) {
-  torch::serialize::InputArchive state;
-  if (!in.try_read("state", state)) return false;
-  for (const std::string& key : state.keys())
-    if (is_hex_address(key)) return true;
-  return false;
-}
-
-/// Loads `opt` from `in`, first rewriting 1.13's keys when this is 2.x.
-template <class Load>
-void load_with_portable_keys(torch::serialize::InputArchive& in, Load&& load) {
-#if ACCEL_TORCH_AT_LEAST(2, 0)
-  if (has_hex_state_keys(in)) {
-    torch::serialize::OutputArchive rewritten;
-    copy_archive(in, rewritten, /*decimal_addresses=*/true);
-    std::stringstream bytes;
-    rewritten.save_to(bytes);
-    torch::serialize::InputArchive converted;
-    converted.load_from(bytes);
-    load(converted);
-    return;
-  }
-#endif
-  load(in);
-}
-
-}  // namespace accel::ckpt::detail
-
-#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_KEYS_HPP
-// end <accel/checkpoint/detail/optimizer_keys.hpp>
-// begin <accel/checkpoint/state_hooks.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::ckpt::StatePreHooks, what
-/// Accelerator::register_save_state_pre_hook / register_load_state_pre_hook
-/// keep: callables run by save_state()/load_state() with the prepared models
-/// and the checkpoint directory before accel writes or reads its files
-/// (Accelerate's hooks of the same names), and the handle that removes one.
-#ifndef ACCEL_CHECKPOINT_STATE_HOOKS_HPP
-#define ACCEL_CHECKPOINT_STATE_HOOKS_HPP
-
-#include <algorithm>
-#include <cstddef>
-#include <filesystem>
-#include <functional>
-#include <map>
-#include <memory>
-#include <set>
-#include <utility>
-#include <vector>
-
-#include <torch/torch.h>
-
-
-namespace accel::ckpt {
-
-/// The prepared models, in prepare() order. A hook may erase entries: accel
-/// then neither writes (save) nor reads (load) those models' files, and the
-/// hook saves or loads them itself; it may write or read its own files in dir.
-using ModelList = std::vector<std::shared_ptr<torch::nn::Module>>;
-/// save: dir is where the checkpoint is being assembled (committed with
-/// accel's files, atomically); load: the checkpoint directory being read.
-using StatePreHook = std::function<void(ModelList& models, const std::filesystem::path& dir)>;
-
-/// Removes the hook it was returned for (as torch.utils.hooks.RemovableHandle);
-/// harmless twice, or after the Accelerator is gone.
-class RemovableHandle {
- public:
-  RemovableHandle() = default;
-  RemovableHandle(std::weak_ptr<std::map<int, StatePreHook>> table, int id) : table_(std::move(table)), id_(id) {}
-  void remove() {
-    if (auto t = table_.lock()) t->erase(id_);
-  }
-
- private:
-  std::weak_ptr<std::map<int, StatePreHook>> table_;
-  int id_ = -1;
-};
-
-/// Hooks of one kind, run in registration order.
-class StatePreHooks {
- public:
-  RemovableHandle add(StatePreHook hook) {
-    ACCEL_CHECK(static_cast<bool>(hook), "accel: a state pre-hook must be callable (got an empty std::function).");
-    const int id = next_++;
-    table_->emplace(id, std::move(hook));
-    return {table_, id};
-  }
-
-  /// Runs every hook on a copy of `models`; returns the indices of the
-  /// models a hook erased. `what` names the call in errors.
-  std::set<std::size_t> run(const ModelList& models, const std::filesystem::path& dir, const char* what) const {
-    if (table_->empty()) return {};
-    ModelList kept = models;
-    for (const auto& [id, hook] : *table_) hook(kept, dir);
-    for (const auto& m : kept)
-      ACCEL_CHECK(std::find(models.begin(), models.end(), m) != models.end(), "accel: a ", what,
-                  " pre-hook put a model into the list that is not a prepared model of this "
-                  "Accelerator. A hook may only erase entries (and save or load those models itself).");
-    std::set<std::size_t> erased;
-    for (std::size_t i = 0; i < models.size(); ++i)
-      if (std::find(kept.begin(), kept.end(), models[i]) == kept.end()) erased.insert(i);
-    return erased;
-  }
-
- private:
-  std::shared_ptr<std::map<int, StatePreHook>> table_ = std::make_shared<std::map<int, StatePreHook>>();
-  int next_ = 0;
-};
-
-}  // namespace accel::ckpt
-
-#endif  // ACCEL_CHECKPOINT_STATE_HOOKS_HPP
-// end <accel/checkpoint/state_hooks.hpp>
-// begin <accel/shard/detail/partition_layout.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::shard::detail::PartitionLayout: where each tensor an
-/// optimizer steps lies in the flat buckets of a sharded model. save_state
-/// records the buckets, so that load_state can re-partition optimizer state
-/// saved by another number of processes (checkpoint/detail/optimizer_relayout.hpp).
-#ifndef ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
-#define ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
-
-#include <cstdint>
-#include <unordered_map>
-#include <vector>
-
-#include <torch/torch.h>
-
-// begin <accel/shard/detail/bucket_plan.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::shard::detail::plan_buckets, how gradient sync groups
-/// parameters into flat buckets, and storage_alias, how a parameter or its
-/// gradient lives inside one.
-#ifndef ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-#define ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-
-#include <cstddef>
-#include <cstdint>
-#include <vector>
-
-#include <torch/torch.h>
-
-namespace accel::shard::detail {
-
-/// A tensor sharing `base`'s storage from element `offset` on, that is NOT an
-/// autograd view: LibTorch's zero_grad (detach_ + zero_), in-place
-/// accumulation, set_data and optimizers treat it as a leaf and keep it.
-inline torch::Tensor storage_alias(const torch::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  return torch::empty({0}, base.options().requires_grad(false))
-      .set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-}
-
-/// Which parameters share a bucket and where each one sits in it. Every
-/// reducer (Replicate's, ZeRO's) uses this one plan, so that the order of
-/// collectives, and the chunks a sharded optimizer checkpoints, follow one rule.
-struct BucketPlan {
-  struct Slot {
-    std::size_t bucket = 0;
-    int64_t offset = 0;          ///< first element of the parameter in its bucket
-    std::vector<int64_t> shape;  ///< the parameter's shape when it was planned
-  };
-  std::vector<std::vector<std::size_t>> buckets;  ///< parameter indices, in bucket order
-  std::vector<int64_t> numel;                     ///< elements of each bucket (unpadded)
-  std::vector<Slot> slots;                        ///< one per parameter
-
-  std::size_t size() const { return buckets.size(); }
-};
-
-/// Buckets hold parameters in reverse registration order (roughly the order
-/// backward produces their gradients); a new bucket starts when the next
-/// parameter would take it past bucket_bytes, or has another dtype, device or
-/// group (group_of: e.g. the optimizer's parameter group; empty: one group).
-inline BucketPlan plan_buckets(const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
-                               const std::vector<int>& group_of = {}) {
-  const auto group = [&](std::size_t k) { return group_of.empty() ? 0 : group_of[k]; };
-  BucketPlan plan;
-  plan.slots.resize(params.size());
-  int64_t bytes = 0;
-  for (std::size_t k = params.size(); k-- > 0;) {
-    const auto& p = params[k];
-    bool start = plan.buckets.empty() || bytes + static_cast<int64_t>(p.nbytes()) > bucket_bytes;
-    if (!start) {
-      const auto first = plan.buckets.back().front();
-      const auto& q = params[first];
-      start = q.scalar_type() != p.scalar_type() || q.device() != p.device() || group(first) != group(k);
-    }
-    if (start) {
-      plan.buckets.emplace_back();
-      plan.numel.push_back(0);
-      bytes = 0;
-    }
-    plan.slots[k] = BucketPlan::Slot{plan.buckets.size() - 1, plan.numel.back(), p.sizes().vec()};
-    plan.buckets.back().push_back(k);
-    plan.numel.back() += p.numel();
-    bytes += static_cast<int64_t>(p.nbytes());
-  }
-  return plan;
-}
-
-/// Views of `buffer` (bucket b's flat storage, laid out as the plan says)
-/// with each of its parameters' shapes: what a communication hook sees.
-inline std::vector<torch::Tensor> member_views(const BucketPlan& plan, std::size_t b, const torch::Tensor& buffer) {
-  std::vector<torch::Tensor> views;
-  for (auto k : plan.buckets[b]) views.push_back(storage_alias(buffer, plan.slots[k].offset, plan.slots[k].shape));
-  return views;
-}
-
-}  // namespace accel::shard::detail
-
-#endif  // ACCEL_SHARD_DETAIL_BUCKET_PLAN_HPP
-// end <accel/shard/detail/bucket_plan.hpp>
-
-namespace accel::shard::detail {
-
-/// The buckets (BucketPlan: they depend on the model, the optimizer's groups
-/// and bucket_cap_mb, not on the number of processes) and, for every
-/// parameter k of optimizer group g, the range of its bucket it holds.
-struct PartitionLayout {
-  struct Piece {
-    std::size_t bucket = 0;
-    int64_t offset = 0;          ///< first element in the bucket (may lie in its padding)
-    int64_t numel = 0;
-    std::vector<int64_t> shape;  ///< of the tensor the optimizer holds
-  };
-  std::vector<int64_t> bucket_numel;  ///< unpadded, in bucket order
-  std::vector<int> bucket_group;      ///< the optimizer group of each bucket
-  std::vector<std::vector<Piece>> groups;
-};
-
-/// ZeRO's partition on `rank` of `world`: group g holds, in bucket order,
-/// chunk `rank` (ceil(numel / world) elements) of each of its buckets.
-inline PartitionLayout chunk_layout(std::vector<int64_t> numel, std::vector<int> group, std::size_t groups,
-                                    int world, int rank) {
-  PartitionLayout l;
-  l.groups.resize(groups);
-  for (std::size_t b = 0; b < numel.size(); ++b) {
-    const int64_t chunk = (numel[b] + world - 1) / world;
-    l.groups[static_cast<std::size_t>(group[b])].push_back({b, rank * chunk, chunk, {chunk}});
-  }
-  l.bucket_numel = std::move(numel);
-  l.bucket_group = std::move(group);
-  return l;
-}
-
-/// The unpartitioned optimizer over the same buckets: each group holds its
-/// parameters (`group_params`, as the optimizer lists them) whole.
-/// `trainable` and `group_of` are what the plan was made from.
-inline PartitionLayout parameter_layout(const std::vector<torch::Tensor>& trainable, const BucketPlan& plan,
-                                        const std::vector<int>& group_of,
-                                        const std::vector<std::vector<torch::Tensor>>& group_params) {
-  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
-  for (std::size_t k = 0; k < trainable.size(); ++k) index[trainable[k].unsafeGetTensorImpl()] = k;
-  PartitionLayout l;
-  l.bucket_numel = plan.numel;
-  for (const auto& members : plan.buckets) l.bucket_group.push_back(group_of[members.front()]);
-  for (const auto& params : group_params) {
-    auto& pieces = l.groups.emplace_back();
-    for (const auto& p : params) {
-      const auto it = index.find(p.unsafeGetTensorImpl());
-      ACCEL_CHECK(it != index.end(), "accel: the optimizer holds a parameter that is not a trainable "
-                  "parameter of its prepared model; a shard policy needs exactly those.");
-      const auto& slot = plan.slots[it->second];
-      pieces.push_back({slot.bucket, slot.offset, p.numel(), slot.shape});
-    }
-  }
-  return l;
-}
-
-/// group_of for plan_buckets: the optimizer group of each trainable parameter
-/// (-1: in none).
-inline std::vector<int> groups_of(const std::vector<torch::Tensor>& trainable,
-                                  const std::vector<std::vector<torch::Tensor>>& group_params) {
-  std::unordered_map<const c10::TensorImpl*, int> group;
-  for (std::size_t g = 0; g < group_params.size(); ++g)
-    for (const auto& p : group_params[g]) group[p.unsafeGetTensorImpl()] = static_cast<int>(g);
-  std::vector<int> out;
-  for (const auto& p : trainable) {
-    const auto it = group.find(p.unsafeGetTensorImpl());
-    out.push_back(it == group.end() ? -1 : it->second);
-  }
-  return out;
-}
-
-}  // namespace accel::shard::detail
-
-#endif  // ACCEL_SHARD_DETAIL_PARTITION_LAYOUT_HPP
-// end <accel/shard/detail/partition_layout.hpp>
-
-#include <torch/torch.h>
-
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <set>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-namespace accel::ckpt {
-
-/// save(OutputArchive&) const and load(InputArchive&): torch::nn modules,
-/// torch::optim optimizers, accel::sched schedulers, or a user type.
-template <class T>
-concept ArchiveCheckpointable = requires(T& t, const T& ct, torch::serialize::OutputArchive& out,
-                                         torch::serialize::InputArchive& in) {
-  ct.save(out);
-  t.load(in);
-};
-
-/// state_dict() returning a value a c10::IValue can hold (torch::Tensor,
-/// std::vector<torch::Tensor>, int64_t, double, std::string, c10::Dict, ...)
-/// and load_state_dict() taking that value back.
-template <class T>
-concept StateDictCheckpointable = requires(T& t, const c10::IValue& v) {
-  c10::IValue(t.state_dict());
-  t.load_state_dict(v.to<std::remove_cvref_t<decltype(t.state_dict())>>());
-};
-
-namespace detail {
-template <class T>
-inline constexpr bool is_lr_scheduler_v = std::is_base_of_v<torch::optim::LRScheduler, T>;
-
-template <class T>
-struct is_shared_ptr : std::false_type {};
-template <class T>
-struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {
-  using element = T;
-};
-}  // namespace detail
-
-/// What register_for_checkpointing() accepts: an ArchiveCheckpointable or
-/// StateDictCheckpointable object, a torch::nn module holder or shared_ptr, a
-/// torch::optim::LRScheduler (its step count is saved: the learning rates
-/// themselves live in the optimizer's state), or a std::shared_ptr to any of
-/// these. The first that applies, in this order: module, archive, state_dict,
-/// LRScheduler.
-template <class T>
-concept Checkpointable =
-    accel::detail::is_model_v<T> || ArchiveCheckpointable<T> || StateDictCheckpointable<T> ||
-    detail::is_lr_scheduler_v<T> ||
-    (detail::is_shared_ptr<T>::value &&
-     (ArchiveCheckpointable<typename detail::is_shared_ptr<T>::element> ||
-      StateDictCheckpointable<typename detail::is_shared_ptr<T>::element> ||
-      detail::is_lr_scheduler_v<typename detail::is_shared_ptr<T>::element>));
-
-namespace detail {
-
-// LRScheduler keeps its step count in a protected member and offers no
-// accessor (LibTorch 1.13 and 2.x); a pointer to member formed through a
-// derived class reads it for any scheduler.
-struct LRSchedulerAccess : torch::optim::LRScheduler {
-  static auto step_count_member() { return &LRSchedulerAccess::step_count_; }
-};
-
-// LibTorch's Optimizer::load restores the per-parameter state but keeps the
-// param-group options (learning rate, momentum...) the optimizer has now;
-// they are saved and restored beside it, through the options' own serialize().
-inline void save_optimizer(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& out) {
-  opt.save(out);
-  const auto& groups = opt.param_groups();
-  out.write("accel.param_groups/size", torch::tensor(static_cast<int64_t>(groups.size())));
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    torch::serialize::OutputArchive options(out.compilation_unit());
-    groups[i].options().serialize(options);
-    out.write("accel.param_groups/" + std::to_string(i), options);
-  }
-}
-inline void load_optimizer(torch::optim::Optimizer& opt, torch::serialize::InputArchive& archive) {
-  load_with_portable_keys(archive, [&opt](torch::serialize::InputArchive& in) {
-    opt.load(in);  // checks the group count and sizes (c10::Error)
-    torch::Tensor size;
-    in.read("accel.param_groups/size", size);
-    auto& groups = opt.param_groups();
-    TORCH_CHECK(size.item<int64_t>() == static_cast<int64_t>(groups.size()),
-                "the saved optimizer has ", size.item<int64_t>(), " parameter groups, this one ",
-                groups.size());
-    for (std::size_t i = 0; i < groups.size(); ++i) {
-      torch::serialize::InputArchive options;
-      in.read("accel.param_groups/" + std::to_string(i), options);
-      groups[i].options().serialize(options);
-    }
-  });
-}
-
-/// What load_state() keeps to put an object back if a later load fails:
-/// called before loading, returns the closure that restores the object.
-using Snapshot = std::function<std::function<void()>()>;
-
-/// save/load closures for one object (the object must outlive them);
-/// snapshot is optional (without it, load_state serializes a copy first).
-struct Archived {
-  std::function<void(torch::serialize::OutputArchive&)> save;
-  std::function<void(torch::serialize::InputArchive&)> load;
-  Snapshot snapshot = {};
-};
-
-/// An optimizer's snapshot without serializing it: LibTorch's Optimizer::load
-/// replaces the per-parameter state objects and the group options with new
-/// ones, never writing into the old tensors, so shallow copies of the state
-/// (clone() copies tensor handles) and copies of the options restore it. For
-/// 100M parameters with Adam this is microseconds instead of the ~10 s a
-/// serialized copy took (bench/checkpoint_cost).
-inline Snapshot optimizer_snapshot(torch::optim::Optimizer* p) {
-  return [p]() -> std::function<void()> {
-    using StateMap = std::remove_cvref_t<decltype(p->state())>;
-    auto state = std::make_shared<StateMap>();
-    for (const auto& [key, value] : p->state()) state->emplace(key, value->clone());
-    auto options = std::make_shared<std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>>();
-    for (const auto& g : p->param_groups()) options->push_back(g.options().clone());
-    return [p, state, options] {
-      p->state().clear();
-      for (const auto& [key, value] : *state) p->state().emplace(key, value->clone());
-      auto& groups = p->param_groups();
-      for (std::size_t i = 0; i < groups.size() && i < options->size(); ++i)
-        groups[i].set_options((*options)[i]->clone());
-    };
-  };
-}
-
-template <class T>
-Archived archived(T& obj) {
-  if constexpr (accel::detail::is_model_v<T>) {
-    auto* m = accel::detail::module_ptr(obj);
-    return {[m](auto& out) { m->save(out); }, [m](auto& in) { m->load(in); }};
-  } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, T>) {
-    torch::optim::Optimizer* p = &obj;
-    return {[p](auto& out) { save_optimizer(*p, out); }, [p](auto& in) { load_optimizer(*p, in); },
-            optimizer_snapshot(p)};
-  } else if constexpr (ArchiveCheckpointable<T>) {
-    T* p = &obj;
-    return {[p](auto& out) { p->save(out); }, [p](auto& in) { p->load(in); }};
-  } else if constexpr (StateDictCheckpointable<T>) {
-    using S = std::remove_cvref_t<decltype(obj.state_dict())>;
-    T* p = &obj;
-    return {[p](auto& out) { out.write("state_dict", c10::IValue(p->state_dict())); },
-            [p](auto& in) {
-              c10::IValue v;
-              in.read("state_dict", v);
-              p->load_state_dict(v.template to<S>());
-            }};
-  } else if constexpr (is_lr_scheduler_v<T>) {
-    torch::optim::LRScheduler* p = &obj;
-    return {[p](auto& out) {
-              out.write("step_count",
-                        torch::tensor(static_cast<int64_t>(p->*LRSchedulerAccess::step_count_member())));
-            },
-            [p](auto& in) {
-              torch::Tensor t;
-              in.read("step_count", t);
-              using C = std::remove_cvref_t<decltype(p->*LRSchedulerAccess::step_count_member())>;
-              p->*LRSchedulerAccess::step_count_member() = static_cast<C>(t.item<int64_t>());
-            }};
-  } else {
-    static_assert(is_shared_ptr<T>::value, "accel: not a Checkpointable type.");
-    ACCEL_CHECK(obj != nullptr, "accel: register_for_checkpointing got a null shared_ptr. ",
-                "Register the object itself.");
-    auto keep = obj;  // holds the object while the registry does
-    auto inner = archived(*keep);
-    return {[keep, s = inner.save](auto& out) { s(out); },
-            [keep, l = inner.load](auto& in) { l(in); }};
-  }
-}
-
-}  // namespace detail
-
-/// Everything an Accelerator saves, in the order it was prepared/registered.
-/// Filled by prepare() and register_for_checkpointing(); read by
-/// save_state()/load_state() (save_state.hpp).
-struct StateRegistry {
-  struct Loader {
-    std::function<data::LoaderCheckpoint()> position;
-    std::function<void(const data::LoaderCheckpoint&)> restore;
-    /// Samples one batch of every process takes together: a position saved
-    /// by another number of processes is mapped through it.
-    std::function<int64_t()> samples_per_step;
-  };
-
-  std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<detail::Archived> optimizers;
-  std::vector<detail::Archived> schedulers;
-  std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
-  std::vector<Loader> loaders;
-  std::vector<detail::Archived> custom;
-  std::shared_ptr<precision::LossScaler> scaler;     ///< precision::Fp16 only
-  std::shared_ptr<accel::detail::TrainingState> state;  ///< step counters, communicator, device
-  int64_t checkpoint_iteration = 0;  ///< next automatic checkpoint_<N>
-  bool shards_optimizer_state = false;  ///< the shard policy partitions optimizer state
-  bool optimizer_per_rank = false;   ///< ... and there are several processes to partition it over
-  double partition_bucket_cap_mb = 0;  ///< their partitions follow the buckets of this size
-  /// Under such a policy, per optimizer: what this process's optimizer steps
-  /// (its chunks, or its parameters whole on one process) and what it would
-  /// step on one process; load_state re-partitions state saved by another
-  /// number of processes with them.
-  struct Partition {
-    shard::detail::PartitionLayout held, whole;
-  };
-  std::vector<Partition> partitions;
-  StatePreHooks save_pre_hooks, load_pre_hooks;  ///< register_save/load_state_pre_hook
-  /// During one save_state()/load_state(): the models its pre-hooks took
-  /// out of accel's hands (their files are not written / not read).
-  std::set<std::size_t> models_skipped;
-
-  template <class M>
-  void add_model(const M& model) {
-    auto* m = accel::detail::module_ptr(model);
-    // Aliasing pointer to the module the holder owns (and keeps alive).
-    if constexpr (requires { model.ptr(); })
-      models.push_back(std::shared_ptr<torch::nn::Module>(model.ptr(), m));
-    else
-      models.push_back(std::shared_ptr<torch::nn::Module>(model, m));
-  }
-
-  /// opt is kept alive by the registry.
-  template <class O>
-  void add_optimizer(std::shared_ptr<O> opt) {
-    torch::optim::Optimizer* p = opt.get();
-    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
-                          [opt, p](auto& in) { detail::load_optimizer(*p, in); },
-                          detail::optimizer_snapshot(p)});
-  }
-
-  template <class S>
-  void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {
-    auto a = detail::archived(*sched);
-    schedulers.push_back({[sched, s = a.save](auto& out) { s(out); },
-                          [sched, l = a.load](auto& in) { l(in); }});
-    scheduler_seen_steps.push_back(std::move(seen_steps));
-  }
-
-  /// A plain copy of the loader shares its position with the user's copy.
-  template <class L>
-  void add_loader(const L& loader) {
-    auto shared = std::make_shared<L>(loader);
-    loaders.push_back({[shared] { return shared->checkpoint(); },
-                       [shared](const data::LoaderCheckpoint& c) { shared->restore(c); },
-                       [shared] { return shared->total_batch_size(); }});
-  }
-
-  template <Checkpointable T>
-  void add_custom(T& obj) {
-    custom.push_back(detail::archived(obj));
-  }
-};
-
-}  // namespace accel::ckpt
-
-#endif  // ACCEL_CHECKPOINT_STATE_REGISTRY_HPP
-// end <accel/checkpoint/state_registry.hpp>
-
-#include <algorithm>
-#include <bit>
-#include <cstdint>
-#include <exception>
-#include <map>
-#include <optional>
-#include <set>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace accel::ckpt {
-
-inline constexpr std::string_view kStateFile = "accel_state.json";
-inline constexpr std::string_view kStateFormat = "accel.save_state";
-inline constexpr int kStateFormatVersion = 1;
-
-namespace detail {
-
-/// "model.safetensors", "model_1.safetensors", ...
-inline std::string indexed_name(const char* stem, std::size_t i, const char* ext) {
-  return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
-}
-
-/// The checkpoint number of a directory named checkpoint_<N>.
-inline std::optional<int64_t> checkpoint_number(const std::string& name) {
-  constexpr std::string_view prefix = "checkpoint_";
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
-    return std::nullopt;
-  const std::string digits = name.substr(prefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
-        return c >= '0' && c <= '9';
-      }))
-    return std::nullopt;
-  return std::stoll(digits);
-}
-
-/// The complete automatic checkpoints under base, oldest first.
-inline std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& base) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(base, ec))
-    if (auto n = checkpoint_number(e.path().filename().string()); n && e.is_directory(ec))
-      out.emplace_back(*n, e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-inline fs::path checkpoints_base(const AcceleratorOptions& o, const char* caller) {
-  ACCEL_CHECK(o.project_dir.has_value(), "accel: ", caller,
-              "() without a directory needs AcceleratorOptions::project_dir (checkpoints go to "
-              "project_dir/checkpoints/checkpoint_<N>). Pass a directory, or set project_dir.");
-  return fs::path(*o.project_dir) / "checkpoints";
-}
-
-/// Every process says whether its part worked (one all-reduce MAX); returns
-/// the highest failing rank, or -1 when all succeeded.
-inline int failed_rank(runtime::Communicator& comm, bool ok) {
-  float mine = ok ? 0.f : static_cast<float>(comm.rank() + 1);
-  if (comm.size() > 1) {
-    auto t = torch::full({1}, mine, torch::TensorOptions().device(comm.device()));
-    comm.all_reduce(t, runtime::ReduceOp::Max)->wait();
-    mine = t.to(torch::kCPU).item<float>();
-  }
-  return static_cast<int>(mine) - 1;
-}
-
-/// Rethrows this process's error, or throws if another process failed.
-inline void agree(runtime::Communicator& comm, const std::exception_ptr& err, const char* what,
-                  const char* consequence) {
-  const int failed = failed_rank(comm, err == nullptr);
-  if (err) std::rethrow_exception(err);
-  if (failed >= 0)
-    throw Error(accel::detail::concat("accel: ", what, " failed on process ", failed, " ",
-                                      accel::detail::kFailedElsewhere, "; ", consequence,
-                                      ". Fix the cause reported by that process and retry."));
-}
-inline constexpr const char* kSaveKept = "the previous checkpoint is untouched";
-inline constexpr const char* kLoadKept = "nothing was loaded on this process";
-
-/// dir without a trailing separator, so that dir.accel-tmp is a sibling.
-inline fs::path normal_dir(const fs::path& dir) {
-  fs::path p = dir.lexically_normal();
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-  return p;
-}
-
-inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
-  return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
-                  : indexed_name("optimizer", i, ".pt");
-}
-inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
-  return optimizer_file(i, rank, reg.optimizer_per_rank);
-}
-
-inline std::string random_states_file(int rank) {
-  return "random_states_" + std::to_string(rank) + ".pt";
-}
-inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
-
-/// The state of the prepared models' communication hooks that keep some
-/// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
-/// in prepare order; one file per hook and process.
-inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
-  std::vector<Archived> out;
-  for (const auto& sync : reg.state->syncs)
-    if (auto* hook = sync->comm_hook(); hook && hook->has_state())
-      out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
-                             [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
-  return out;
-}
-inline std::string comm_hook_file(std::size_t i, int rank) {
-  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
-}
-
-/// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
-class SkippedModels {
- public:
-  explicit SkippedModels(StateRegistry& reg) : reg_(reg) { reg_.models_skipped.clear(); }
-  SkippedModels(const SkippedModels&) = delete;
-  SkippedModels& operator=(const SkippedModels&) = delete;
-  ~SkippedModels() { reg_.models_skipped.clear(); }
-
- private:
-  StateRegistry& reg_;
-};
-
-/// The files the main process writes and every process reads.
-inline std::vector<std::string> main_files(const StateRegistry& reg) {
-  std::vector<std::string> files;
-  for (std::size_t i = 0; i < reg.models.size(); ++i)
-    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
-  if (!reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
-  for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
-  if (reg.scaler) files.push_back("scaler.json");
-  return files;
-}
-
-/// The files process `rank` writes and reads itself; as many on every process.
-inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
-  std::vector<std::string> files;
-  if (reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
-  files.push_back(random_states_file(rank));
-  files.push_back(loaders_file(rank));
-  for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
-  return files;
-}
-
-/// File name -> XXH64, as accel_state.json's "xxh64" records them: of the
-/// whole file, except for .safetensors files: of their data buffer (the value
-/// their header's accel.data_xxh64 holds too).
-using Checksums = std::map<std::string, std::uint64_t>;
-
-/// This process's files of a checkpoint, into stage; returns their checksums.
-inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, int rank) {
-  const bool main = rank == 0;
-  Checksums sums;
-  if (main) {
-    for (std::size_t i = 0; i < reg.models.size(); ++i) {
-      if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
-      const std::string name = indexed_name("model", i, ".safetensors");
-      sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
-      crash_point("writing");
-    }
-  }
-  const auto archive_all = [&](const std::vector<Archived>& items, auto name_of) {
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      torch::serialize::OutputArchive out;
-      items[i].save(out);
-      const std::string name = name_of(i);
-      sums[name] = save_archive(out, stage / name);
-    }
-  };
-  if (main || reg.optimizer_per_rank)
-    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
-  archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
-  if (main) {
-    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
-    archive_all(reg.custom, [](std::size_t i) {
-      return "custom_checkpoint_" + std::to_string(i) + ".pt";
-    });
-    if (reg.scaler)
-      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
-                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
-  }
-  torch::serialize::OutputArchive rng;
-  save_generators(rng);
-  sums[random_states_file(rank)] = save_archive(rng, stage / random_states_file(rank));
-  crash_point("writing");
-  nlohmann::json loaders = nlohmann::json::array();
-  for (const auto& l : reg.loaders) {
-    const auto c = l.position();
-    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
-                       {"samples_per_step", l.samples_per_step()}});
-  }
-  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
-  return sums;
-}
-
-/// Every process's checksums, on every process: one all-reduce (sum) of a
-/// [processes, own files] table in which each process fills its own row.
-inline Checksums gather_checksums(StateRegistry& reg, Checksums mine) {
-  auto& comm = *reg.state->comm;
-  const int world = comm.size();
-  if (world == 1) return mine;
-  const auto count = static_cast<int64_t>(own_files(reg, 0).size());
-  auto table = torch::zeros({world, count}, torch::kLong);
-  {
-    const auto names = own_files(reg, comm.rank());
-    auto row = table[comm.rank()];
-    for (int64_t j = 0; j < count; ++j)
-      row[j] = std::bit_cast<int64_t>(mine.at(names[static_cast<std::size_t>(j)]));
-  }
-  table = table.to(comm.device());
-  comm.all_reduce(table, runtime::ReduceOp::Sum)->wait();
-  table = table.to(torch::kCPU);
-  for (int r = 0; r < world; ++r) {
-    const auto names = own_files(reg, r);
-    for (int64_t j = 0; j < count; ++j)
-      mine[names[static_cast<std::size_t>(j)]] = std::bit_cast<std::uint64_t>(table[r][j].item<int64_t>());
-  }
-  return mine;
-}
-
-/// The buckets each optimizer's partitions follow (shard policies that
-/// partition optimizer state; null where they are not known), so that
-/// another number of processes can re-partition the state.
-inline nlohmann::json partitions_json(const StateRegistry& reg) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& p : reg.partitions) {
-    if (p.whole.groups.empty()) {
-      out.push_back(nullptr);
-      continue;
-    }
-    out.push_back({{"bucket_numel", p.whole.bucket_numel},
-                   {"bucket_group", p.whole.bucket_group},
-                   {"groups", p.whole.groups.size()}});
-  }
-  return out;
-}
-
-inline nlohmann::json checksums_json(const Checksums& sums) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [name, sum] : sums) j[name] = to_hex(sum);
-  return j;
-}
-
-}  // namespace detail
-}  // namespace accel::ckpt
-
-#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_LAYOUT_HPP
-// end <accel/checkpoint/detail/state_layout.hpp>
-// begin <accel/checkpoint/detail/state_reader.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines how load_state reads a checkpoint: every file read and
-/// validated before anything changes, and archive loads that roll back.
-#ifndef ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
-#define ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
-
-// begin <accel/checkpoint/detail/optimizer_relayout.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Re-partitions the optimizer state of a sharded model saved by another
-/// number of processes: load_state on 1, 3 or 4 processes of a checkpoint
-/// that 2 wrote under shard::ShardOptimizer or shard::ShardGradients.
-///
-/// Each process's optimizer archive holds one state per tensor it stepped
-/// (its chunk of every bucket, or, on one process, every parameter whole).
-/// The buckets do not depend on the number of processes, only the chunks do.
-/// So the saved states are laid back into their buckets (every element-wise
-/// tensor: Adam's moments, SGD's momentum...), and the pieces this process
-/// steps now are cut out of them; state that is not element-wise (a step
-/// count) is taken from the first saved piece of the bucket. The result is an
-/// archive in LibTorch's own optimizer format, loaded as any other.
-#ifndef ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
-#define ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
-
-
-#include <torch/torch.h>
-
-#include <algorithm>
-#include <filesystem>
-#include <map>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace accel::ckpt::detail {
-
-using shard::detail::PartitionLayout;
-
-/// One saved optimizer archive, with the layout of what it stepped.
-struct SavedPartition {
-  torch::serialize::InputArchive* archive = nullptr;
-  PartitionLayout layout;
-  std::filesystem::path file;  ///< for messages
-};
-
-namespace relayout {
-
-/// A parameter's saved state: field name -> value (LibTorch writes each
-/// field of a param state as one attribute).
-using FieldMap = std::map<std::string, ArchiveValue>;
-
-/// The state of every parameter of every group, by position (an empty map:
-/// the optimizer kept no state for it).
-inline std::vector<std::vector<FieldMap>> read_states(const SavedPartition& saved) {
-  auto& in = *saved.archive;
-  const auto fail = [&](const std::string& why) {
-    throw Error(accel::detail::concat("accel: cannot re-partition the optimizer state in '", saved.file.string(),
-                                      "' (", why, "). Resume with the number of processes that saved it, "
-                                      "or load a checkpoint written completely by save_state()."));
-  };
-  torch::serialize::InputArchive groups_in, states_in;
-  if (!in.try_read("param_groups", groups_in) || !in.try_read("state", states_in))
-    fail("it is not a LibTorch optimizer archive");
-  torch::Tensor size;
-  if (!groups_in.try_read("param_groups/size", size)) fail("it lists no parameter groups");
-  if (size.item<int64_t>() != static_cast<int64_t>(saved.layout.groups.size()))
-    fail(accel::detail::concat("it has ", size.item<int64_t>(), " parameter groups, the saved buckets ",
-                               saved.layout.groups.size()));
-  std::vector<std::vector<FieldMap>> out(saved.layout.groups.size());
-  for (std::size_t g = 0; g < out.size(); ++g) {
-    torch::serialize::InputArchive group;
-    torch::Tensor count;
-    if (!groups_in.try_read("param_groups/" + std::to_string(g), group) || !group.try_read("params/size", count))
-      fail(accel::detail::concat("parameter group ", g, " is unreadable"));
-    if (count.item<int64_t>() != static_cast<int64_t>(saved.layout.groups[g].size()))
-      fail(accel::detail::concat("parameter group ", g, " holds ", count.item<int64_t>(),
-                                 " tensors, the saved buckets give it ", saved.layout.groups[g].size()));
-    for (std::size_t k = 0; k < saved.layout.groups[g].size(); ++k) {
-      c10::IValue key;
-      if (!group.try_read("params/" + std::to_string(k), key) || !key.isString())
-        fail(accel::detail::concat("parameter ", k, " of group ", g, " has no key"));
-      FieldMap fields;
-      torch::serialize::InputArchive state;
-      if (states_in.try_read(key.toStringRef(), state))
-        for (const auto& name : state.keys()) fields[name] = read_value(state, name);
-      out[g].push_back(std::move(fields));
-    }
-  }
-  return out;
-}
-
-/// Is this field of a piece's state element-wise (a tensor shaped like the piece)?
-inline bool elementwise(const ArchiveValue& v, const PartitionLayout::Piece& piece) {
-  return v.value.isTensor() && v.value.toTensor().defined() && v.value.toTensor().sizes().vec() == piece.shape;
-}
-
-/// One bucket's state laid out flat: element-wise fields over the whole
-/// bucket (padding included), other fields as the first saved piece had them.
-struct BucketState {
-  std::map<std::string, ArchiveValue> flat;  ///< tensors of the bucket's length
-  FieldMap other;
-  bool any = false;  ///< some saved piece of the bucket had state
-};
-
-}  // namespace relayout
-
-/// The archive that an optimizer holding `target` loads: the state of
-/// `saved` (every process's archive of the run that saved it) re-cut. The
-/// layouts must describe the same buckets (the caller checks).
-inline torch::serialize::InputArchive relayout_optimizer(const std::vector<SavedPartition>& saved,
-                                                         const PartitionLayout& target,
-                                                         c10::optional<torch::Device> device) {
-  using namespace relayout;
-  const std::size_t buckets = target.bucket_numel.size();
-  // Every bucket's length, padding of any layout included.
-  std::vector<int64_t> length(target.bucket_numel);
-  const auto cover = [&](const PartitionLayout& l) {
-    for (const auto& group : l.groups)
-      for (const auto& p : group) length[p.bucket] = std::max(length[p.bucket], p.offset + p.numel);
-  };
-  cover(target);
-  for (const auto& s : saved) cover(s.layout);
-
-  std::vector<BucketState> state(buckets);
-  for (const auto& s : saved) {
-    const auto fields = read_states(s);
-    for (std::size_t g = 0; g < s.layout.groups.size(); ++g) {
-      for (std::size_t k = 0; k < s.layout.groups[g].size(); ++k) {
-        const auto& piece = s.layout.groups[g][k];
-        auto& b = state[piece.bucket];
-        for (const auto& [name, value] : fields[g][k]) {
-          b.any = true;
-          if (!elementwise(value, piece)) {
-            b.other.emplace(name, value);
-            continue;
-          }
-          const auto t = value.value.toTensor();
-          auto& flat = b.flat[name];
-          if (flat.value.isNone()) flat = {torch::zeros({length[piece.bucket]}, t.options()), value.kind};
-          flat.value.toTensor().narrow(0, piece.offset, piece.numel).copy_(t.reshape({-1}));
-        }
-      }
-    }
-  }
-
-  // LibTorch's optimizer format (torch/optim/serialize.h): the states keyed
-  // by a name per tensor, and each group listing its tensors' names in order.
-  auto& first = *saved.front().archive;
-  torch::serialize::OutputArchive out;
-  torch::serialize::OutputArchive states(out.compilation_unit()), groups(out.compilation_unit());
-  torch::serialize::InputArchive saved_groups;
-  first.read("param_groups", saved_groups);
-  groups.write("param_groups/size", torch::tensor(static_cast<int64_t>(target.groups.size())));
-  int64_t name = 0;
-  for (std::size_t g = 0; g < target.groups.size(); ++g) {
-    torch::serialize::OutputArchive group(out.compilation_unit());
-    group.write("params/size", torch::tensor(static_cast<int64_t>(target.groups[g].size())));
-    for (std::size_t k = 0; k < target.groups[g].size(); ++k) {
-      const auto& piece = target.groups[g][k];
-      const std::string key = std::to_string(++name);  // decimal: read as an address by 2.x
-      group.write("params/" + std::to_string(k), c10::IValue(key));
-      const auto& b = state[piece.bucket];
-      if (!b.any) continue;
-      torch::serialize::OutputArchive fields(out.compilation_unit());
-      for (const auto& [field, value] : b.other) write_value(fields, field, value);
-      for (const auto& [field, flat] : b.flat) {
-        auto cut = flat.value.toTensor().narrow(0, piece.offset, piece.numel).reshape(piece.shape).clone();
-        write_value(fields, field, {std::move(cut), flat.kind});
-      }
-      states.write(key, fields);
-    }
-    torch::serialize::InputArchive saved_group, options;
-    saved_groups.read("param_groups/" + std::to_string(g), saved_group);
-    saved_group.read("options", options);
-    torch::serialize::OutputArchive options_copy(out.compilation_unit());
-    copy_archive(options, options_copy);
-    group.write("options", options_copy);
-    groups.write("param_groups/" + std::to_string(g), group);
-  }
-  // Everything else as the first archive has it (LibTorch's format version,
-  // accel's group options).
-  for (const auto& key : first.keys())
-    if (key != "state" && key != "param_groups") copy_entry(first, out, key);
-  out.write("state", states);
-  out.write("param_groups", groups);
-  std::stringstream bytes;
-  out.save_to(bytes);
-  torch::serialize::InputArchive result;
-  result.load_from(bytes, device);
-  return result;
-}
-
-}  // namespace accel::ckpt::detail
-
-#endif  // ACCEL_CHECKPOINT_DETAIL_OPTIMIZER_RELAYOUT_HPP
-// end <accel/checkpoint/detail/optimizer_relayout.hpp>
-
-#include <algorithm>
-#include <cstdint>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace accel::ckpt::detail {
-
-/// Keys, shapes and dtypes of a saved model against the module; the error
-/// lists every offending key.
-inline void check_model(const NamedTensors& loaded, const torch::nn::Module& module,
-                        const fs::path& source) {
-  check_state_matches(loaded, module_state(module), source.string(), "model", "the prepared model");
-}
-
-inline void check_count(const nlohmann::json& meta, const char* key, std::size_t have,
-                        const char* what, const fs::path& source) {
-  const auto saved = json_field<int64_t>(meta, key, source);
-  ACCEL_CHECK(saved == static_cast<int64_t>(have), "accel: the checkpoint '", source.parent_path().string(),
-              "' holds ", saved, " ", what, " but this Accelerator has ", have,
-              ". Prepare and register the same objects, in the same order, as the run that saved it.");
-}
-
-/// Everything one process reads, validated, before anything is applied.
-struct ReadState {
-  nlohmann::json meta;
-  std::vector<NamedTensors> models;
-  std::vector<torch::serialize::InputArchive> optimizers, schedulers, custom, comm_hooks;
-  std::optional<GeneratorStates> generators;  ///< none: a process the saving run did not have
-  std::vector<data::LoaderCheckpoint> loaders;
-  std::optional<std::pair<double, int64_t>> scaler;
-};
-
-inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
-  auto& comm = *reg.state->comm;
-  const int rank = comm.rank();
-  const fs::path state_file = dir / kStateFile;
-  ReadState s;
-  s.meta = read_json(state_file);
-  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
-              "' is not an accel save_state file. Pass a directory written by save_state().");
-  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
-              "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
-              s.meta["format_version"].dump(), "). Load it with that version.");
-  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
-  const bool other_world = saved_world != comm.size();
-  ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
-              " processes. Load a directory written by save_state().");
-  check_count(s.meta, "models", reg.models.size(), "models", state_file);
-  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
-  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
-  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
-  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
-  // Checkpoints from before communication hooks: none.
-  const auto hooks = comm_hook_states(reg).size();
-  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
-  ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
-              "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
-              "this Accelerator's prepared models have ", hooks, ". Resume with the same "
-              "AcceleratorOptions::comm_hook as the run that saved it.");
-  ACCEL_CHECK(!other_world || hooks == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
-              saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
-              "feedback and Q matrices are per process and cannot be mapped onto another number of "
-              "processes. Resume with ", saved_world, " processes.");
-  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
-              "accel: the checkpoint '", dir.string(), "' was saved ",
-              reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
-              "Accelerator runs ", reg.scaler ? "with" : "without",
-              " one. Resume with the same precision policy.");
-  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
-  // Checkpoints from before re-partitioning record only whether the state was per process.
-  const bool saved_shards = s.meta.contains("shards_optimizer_state")
-                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
-                                : saved_per_rank;
-  ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
-              "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
-              "(optimizer state per process or not). Resume with the same shard policy.");
-  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
-    // Each rank's optimizer file holds its chunks of the gradient buckets.
-    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
-    ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
-                "' holds sharded optimizer state partitioned by buckets of ", cap,
-                " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
-                ", which splits the parameters differently. Resume with "
-                "AcceleratorOptions::bucket_cap_mb = ", cap, ".");
-  }
-  // Another number of processes: the optimizer files whose state each
-  // optimizer is cut from now (all processes' files), with their layouts.
-  const bool relayout = other_world && reg.shards_optimizer_state;
-  std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
-  if (relayout) {
-    const auto saved = s.meta.find("partitions");
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-      const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
-                         (*saved)[i].is_object() && i < reg.partitions.size() &&
-                         !reg.partitions[i].whole.groups.empty();
-      ACCEL_CHECK(known, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
-                  " processes but this run has ", comm.size(), ", and it records no buckets for the "
-                  "sharded state of optimizer ", i, " (written by an older accel, or an optimizer "
-                  "that does not hold exactly one prepared model's trainable parameters), so that "
-                  "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
-      const auto& whole = reg.partitions[i].whole;
-      const auto& entry = (*saved)[i];
-      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
-      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
-      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
-      ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
-                  "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
-                  " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
-                  "run's model, optimizer parameter groups and bucket_cap_mb make ", whole.bucket_numel.size(),
-                  " buckets of ", c10::IntArrayRef(whole.bucket_numel), ". Resume with the same model, "
-                  "parameter groups and AcceleratorOptions::bucket_cap_mb as the run that saved it.");
-      if (saved_per_rank) {
-        for (int r = 0; r < saved_world; ++r)
-          sources[i].push_back({nullptr, shard::detail::chunk_layout(numel, group, groups, static_cast<int>(saved_world), r),
-                                dir / optimizer_file(i, r, true)});
-      } else {
-        sources[i].push_back({nullptr, whole, dir / optimizer_file(i, 0, false)});
-      }
-    }
-  }
-  // A process the saving run did not have keeps its random generators and
-  // continues the data where process 0 stood (mapped below).
-  const bool has_own_files = rank < saved_world;
-  const std::string loader_positions = loaders_file(has_own_files ? rank : 0);
-
-  // Every missing file at once.
-  std::vector<std::string> files;
-  if (!other_world) {
-    files = main_files(reg);
-    for (auto& f : own_files(reg, rank)) files.push_back(std::move(f));
-  } else {
-    for (auto& f : main_files(reg))
-      if (f.rfind("optimizer", 0) != 0) files.push_back(std::move(f));
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-      if (!relayout) files.push_back(optimizer_file(i, 0, false));
-      for (const auto& src : sources[i]) files.push_back(src.file.filename().string());
-    }
-    if (has_own_files) files.push_back(random_states_file(rank));
-    files.push_back(loader_positions);
-  }
-  std::vector<std::string> missing;
-  std::error_code ec;
-  for (const auto& f : files)
-    if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
-  for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    const auto skipped = s.meta.find("models_skipped");
-    const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
-                                 std::find(skipped->begin(), skipped->end(), i) != skipped->end();
-    ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
-                "' holds no file for model ", i, ": a save_state pre-hook took it out when it was "
-                "written (and saved it its own way). Register a load_state pre-hook that erases "
-                "it from the list and loads it the same way.");
-  }
-  ACCEL_CHECK(missing.empty(), "accel: the checkpoint '", dir.string(), "' lacks ", list(missing),
-              other_world ? ". Another number of processes reads every process's optimizer files: put "
-                            "the checkpoint where every process can read all of it (a shared file "
-                            "system), or resume with the number of processes that saved it."
-                          : ". Load a directory written completely by save_state().");
-
-  // The checksums save_state recorded (none in checkpoints written before it recorded them).
-  std::optional<Checksums> sums;
-  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
-    sums.emplace();
-    const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
-      const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
-      return value.has_value();
-    });
-    ACCEL_CHECK(valid, "accel: the checkpoint file '", state_file.string(),
-                "' has no valid 'xxh64' entry. Load a directory written by save_state().");
-    for (auto e = it->begin(); e != it->end(); ++e) (*sums)[e.key()] = *from_hex(e.value().get<std::string>());
-  }
-  const auto expected = [&](const std::string& name) -> std::optional<std::uint64_t> {
-    if (!sums) return std::nullopt;
-    const auto it = sums->find(name);
-    ACCEL_CHECK(it != sums->end(), "accel: the checkpoint file '", state_file.string(),
-                "' records no checksum for '", name, "'. Load a directory written completely by "
-                "save_state().");
-    return it->second;
-  };
-
-  s.models.resize(reg.models.size());
-  for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
-    const std::string name = indexed_name("model", i, ".safetensors");
-    const fs::path f = dir / name;
-    auto contents = read_safetensors(f);  // checks the data against the header's checksum
-    if (const auto want = expected(name)) {
-      const auto it = contents.metadata.find(std::string(kDataChecksumKey));
-      const auto have = it == contents.metadata.end() ? std::nullopt : from_hex(it->second);
-      ACCEL_CHECK(have == want, "accel: the checkpoint file '", f.string(),
-                  "' is not the file save_state() wrote there (its data checksum is ",
-                  have ? to_hex(*have) : std::string("missing"), ", '", kStateFile, "' records ",
-                  to_hex(*want), "). Load another checkpoint, or restore this file from a copy.");
-    }
-    s.models[i] = std::move(contents.tensors);
-    check_model(s.models[i], *reg.models[i], f);
-  }
-  s.optimizers.resize(reg.optimizers.size());
-  for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
-    if (!relayout) {
-      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
-      load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
-      continue;
-    }
-    std::vector<torch::serialize::InputArchive> saved(sources[i].size());
-    for (std::size_t r = 0; r < saved.size(); ++r) {
-      const auto name = sources[i][r].file.filename().string();
-      load_archive(saved[r], sources[i][r].file, expected(name), reg.state->device);
-      sources[i][r].archive = &saved[r];
-    }
-    s.optimizers[i] = relayout_optimizer(sources[i], reg.partitions[i].held, reg.state->device);
-  }
-  s.schedulers.resize(reg.schedulers.size());
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
-    const std::string name = indexed_name("scheduler", i, ".pt");
-    load_archive(s.schedulers[i], dir / name, expected(name));
-  }
-  s.custom.resize(reg.custom.size());
-  for (std::size_t i = 0; i < reg.custom.size(); ++i) {
-    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
-    load_archive(s.custom[i], dir / name, expected(name));
-  }
-  s.comm_hooks.resize(hooks);
-  for (std::size_t i = 0; i < hooks; ++i) {
-    const std::string name = comm_hook_file(i, rank);
-    load_archive(s.comm_hooks[i], dir / name, expected(name), reg.state->device);
-  }
-  if (has_own_files) {
-    const fs::path f = dir / random_states_file(rank);
-    torch::serialize::InputArchive rng;
-    load_archive(rng, f, expected(random_states_file(rank)));
-    s.generators = GeneratorStates::read(rng, f);
-  }
-  {
-    const fs::path f = dir / loader_positions;
-    const auto j = read_json(f, expected(loader_positions));
-    const auto list_j = j.find("loaders");
-    ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
-                "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
-                " loader positions. Load a directory written completely by save_state().");
-    for (const auto& l : *list_j) {
-      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
-      ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
-                  "' holds a negative loader position. Save the checkpoint again.");
-      if (other_world && c.batches_yielded > 0) {
-        // The same samples, in whole steps of this run (the epoch's order
-        // does not depend on the number of processes).
-        const std::size_t index = s.loaders.size();
-        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
-        const auto step = reg.loaders[index].samples_per_step();
-        const auto samples = c.batches_yielded * saved_step;
-        ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
-                    " processes but this run has ", comm.size(), ", and it does not record how many "
-                    "samples a step of data loader ", index, " took (written by an older accel). "
-                    "Resume with ", saved_world, " processes.");
-        ACCEL_CHECK(samples % step == 0, "accel: the checkpoint '", dir.string(), "' was saved by ",
-                    saved_world, " processes after ", c.batches_yielded, " steps of ", saved_step,
-                    " samples of data loader ", index, " in epoch ", c.epoch, " (", samples,
-                    " samples); this run takes ", step, " samples per step (", comm.size(),
-                    " processes), and ", samples, " samples are not a whole number of its steps, so "
-                    "the epoch cannot be continued exactly. Use a batch size with which ", samples,
-                    " samples are whole steps, or resume with ", saved_world, " processes.");
-        c.batches_yielded = samples / step;
-      }
-      s.loaders.push_back(c);
-    }
-  }
-  if (reg.scaler) {
-    const fs::path f = dir / "scaler.json";
-    const auto j = read_json(f, expected("scaler.json"));
-    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
-    ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
-                "' holds an invalid loss scale. Save the checkpoint again.");
-  }
-  json_field<int64_t>(s.meta, "micro_step", state_file);
-  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
-  return s;
-}
-
-/// Loads archives into objects; on failure puts back the objects already
-/// loaded (from in-memory snapshots) and rethrows.
-class ArchiveTransaction {
- public:
-  void apply(const Archived& target, torch::serialize::InputArchive& in, const char* what,
-             std::size_t index) {
-    if (target.snapshot) {
-      done_.push_back(target.snapshot());
-    } else {
-      torch::serialize::OutputArchive snap;
-      target.save(snap);
-      std::ostringstream out;
-      snap.save_to(out);
-      done_.push_back([&target, bytes = out.str()] {
-        std::istringstream in_bytes(bytes);
-        torch::serialize::InputArchive in;
-        in.load_from(in_bytes);
-        target.load(in);
-      });
-    }
-    try {
-      target.load(in);
-    } catch (const std::exception& e) {
-      const std::string msg = e.what();
-      rollback();
-      throw Error(accel::detail::concat("accel: cannot restore ", what, " ", index,
-                                        " from the checkpoint (", msg,
-                                        "); nothing was loaded. Prepare the same objects as the "
-                                        "run that saved it."));
-    }
-  }
-  void rollback() noexcept {
-    for (auto it = done_.rbegin(); it != done_.rend(); ++it) {
-      try {
-        (*it)();
-      } catch (...) {  // best effort: the snapshot was taken from this very object
-      }
-    }
-    done_.clear();
-  }
-
- private:
-  std::vector<std::function<void()>> done_;  ///< restores, in the order applied
-};
-
-}  // namespace accel::ckpt::detail
-
-#endif  // ACCEL_CHECKPOINT_DETAIL_STATE_READER_HPP
-// end <accel/checkpoint/detail/state_reader.hpp>
-// begin <accel/checkpoint/save_state.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel::ckpt::save_state/load_state, the machinery of
-/// Accelerator::save_state()/load_state(): the whole training state in one
-/// directory, written atomically by every process, read back exactly.
-///
-/// Directory layout (docs/checkpoints.md has the details):
-///
-///   accel_state.json          main   format, accel version, world size, step
-///                                    counters, how many of each kind, automatic
-///                                    checkpoint number, the XXH64 of every other
-///                                    file ("xxh64"); written last
-///   model.safetensors         main   prepared model 0 (model_1.safetensors, ...)
-///   optimizer.pt              main   optimizer 0, torch archive (optimizer_1.pt, ...;
-///                                    optimizer_rank<r>.pt per process when the
-///                                    shard policy partitions optimizer state)
-///   scheduler.pt              main   scheduler 0 (scheduler_1.pt, ...)
-///   custom_checkpoint_<i>.pt  main   objects given to register_for_checkpointing
-///   scaler.json               main   loss scale and growth tracker (Fp16 only)
-///   random_states_<r>.pt      each   CPU, CUDA and accel::std_generator() states
-///   loaders_<r>.json          each   epoch and batches yielded of every prepared loader
-///   comm_hook_rank<r>.pt      each   CommHook::PowerSGD's step, errors and Qs
-///                                    (comm_hook_1_rank<r>.pt, ...: one per model)
-///
-/// Atomicity: everything goes to <dir>.accel-tmp first (each file fsynced),
-/// the processes agree that all files are in, then the main process renames
-/// the directory into place (see detail::commit_directory). A process killed
-/// at any point leaves the previous checkpoint complete and loadable.
-/// Loading checks every file's checksum and validates it on every process,
-/// and the processes agree, before anything is changed; objects restored through torch archives are
-/// rolled back if one of them still fails.
-#ifndef ACCEL_CHECKPOINT_SAVE_STATE_HPP
-#define ACCEL_CHECKPOINT_SAVE_STATE_HPP
-
-
-#include <exception>
-#include <filesystem>
-#include <optional>
-#include <string>
-
-namespace accel::ckpt {
-
-/// Writes the registry's state to dir, or (no dir) to
-/// project_dir/checkpoints/checkpoint_<N> keeping at most options.total_limit
-/// of those. Every process must call it. Returns the directory written.
-inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOptions& options,
-                                        std::optional<std::filesystem::path> dir = {}) {
-  using namespace detail;
-  auto& comm = *reg.state->comm;
-  const int rank = comm.rank();
-  const bool main = rank == 0;
-  const bool automatic = !dir.has_value();
-  // Accelerate ignores the directory given when automatic naming is on.
-  ACCEL_CHECK(automatic || !options.automatic_checkpoint_naming,
-              "accel: AcceleratorOptions::automatic_checkpoint_naming is on, so save_state() "
-              "writes project_dir/checkpoints/checkpoint_<N>, not '", dir->string(),
-              "'. Call save_state() without a directory, or turn automatic naming off.");
-  fs::path base;
-  fs::path target;
-  if (automatic) {
-    base = checkpoints_base(options, "save_state");
-    ACCEL_CHECK(!options.total_limit || *options.total_limit >= 1,
-                "accel: AcceleratorOptions::total_limit must be at least 1 (got ",
-                options.total_limit.value_or(0), "). Leave it unset to keep every checkpoint.");
-    target = base / ("checkpoint_" + std::to_string(reg.checkpoint_iteration));
-  } else {
-    target = normal_dir(*dir);
-  }
-  const fs::path stage = target.string() + ".accel-tmp";
-  reg.state->finalize_gradients();
-  // The scale the next backward would use (an update an iteration left
-  // pending), so a resumed run scales its first loss as this run does.
-  reg.state->settle_loss_scale();
-
-  std::exception_ptr err;
-  if (main) {
-    try {
-      std::error_code ec;
-      if (automatic) {
-        // Accelerate's #1601/#3306: a run that did not load numbers from 0
-        // again. Refuse anything but a new newest checkpoint.
-        const auto all = list_checkpoints(base);
-        ACCEL_CHECK(all.empty() || all.back().first < reg.checkpoint_iteration, "accel: '",
-                    base.string(), "' already holds checkpoint_", all.empty() ? 0 : all.back().first,
-                    ", so checkpoint_", reg.checkpoint_iteration,
-                    " would not be the newest. Call load_state() first to continue the numbering "
-                    "of an earlier run, or use another project_dir.");
-      }
-      fs::remove_all(stage, ec);  // left by a killed save
-      fs::create_directories(stage, ec);
-      if (ec || !fs::is_directory(stage))
-        throw Error("accel: cannot create the checkpoint directory '" + stage.string() + "': " +
-                    ec.message() + ". Pass a directory that can be written.");
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  agree(*reg.state->comm, err, "save_state (creating the directory)", kSaveKept);
-
-  // A failed save leaves nothing behind: the previous checkpoint, untouched.
-  const auto remove_stage = [&] {
-    std::error_code ec;
-    if (main) fs::remove_all(stage, ec);
-  };
-  Checksums sums;
-  const SkippedModels skipped(reg);
-  try {
-    reg.models_skipped = reg.save_pre_hooks.run(reg.models, stage, "save_state");
-    sums = write_process_files(reg, stage, rank);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  try {
-    agree(*reg.state->comm, err, "save_state (writing the files)", kSaveKept);
-  } catch (...) {
-    remove_stage();
-    throw;
-  }
-  sums = gather_checksums(reg, std::move(sums));
-
-  if (main) {
-    try {
-      nlohmann::json meta = {
-          {"format", std::string(kStateFormat)},
-          {"format_version", kStateFormatVersion},
-          {"accel_version", version_string},
-          {"world_size", comm.size()},
-          {"micro_step", reg.state->micro_step},
-          {"optimizer_steps", reg.state->optimizer_steps},
-          {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
-          {"models", reg.models.size()},
-          {"models_skipped", reg.models_skipped},
-          {"optimizers", reg.optimizers.size()},
-          {"optimizer_per_rank", reg.optimizer_per_rank},
-          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
-          {"shards_optimizer_state", reg.shards_optimizer_state},
-          {"partitions", partitions_json(reg)},
-          {"schedulers", reg.schedulers.size()},
-          {"loaders", reg.loaders.size()},
-          {"custom_objects", reg.custom.size()},
-          {"comm_hook_states", comm_hook_states(reg).size()},
-          {"loss_scaler", reg.scaler != nullptr},
-          {"xxh64", checksums_json(sums)}};
-      write_json(stage / kStateFile, meta);
-      fsync_path(stage, true);
-      crash_point("before_commit");
-      commit_directory(stage, target);
-      if (automatic && options.total_limit) {
-        auto all = list_checkpoints(base);
-        std::error_code ec;
-        for (std::size_t i = 0; i + static_cast<std::size_t>(*options.total_limit) < all.size(); ++i)
-          fs::remove_all(all[i].second, ec);
-      }
-    } catch (...) {
-      err = std::current_exception();
-      remove_stage();
-    }
-  }
-  agree(*reg.state->comm, err, "save_state (committing the directory)", kSaveKept);
-  if (automatic) ++reg.checkpoint_iteration;
-  return target;
-}
-
-namespace detail {
-
-/// load_state's second half: puts what read_state() read (and every process
-/// agreed is valid) into the registry's objects. Archive loads that still
-/// fail are rolled back on every process, which then all throw.
-inline void apply_state(StateRegistry& reg, ReadState& s) {
-  std::exception_ptr err;
-  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
-  ArchiveTransaction tx;
-  try {
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
-      tx.apply(reg.optimizers[i], s.optimizers[i], "optimizer", i);
-    for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
-      tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
-    for (std::size_t i = 0; i < reg.custom.size(); ++i)
-      tx.apply(reg.custom[i], s.custom[i], "registered object", i);
-    for (std::size_t i = 0; i < hooks.size(); ++i)
-      tx.apply(hooks[i], s.comm_hooks[i], "communication hook", i);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  if (failed_rank(*reg.state->comm, err == nullptr) >= 0) {
-    tx.rollback();
-    agree(*reg.state->comm, err, "load_state (restoring optimizers, schedulers and registered objects)",
-          kLoadKept);
-  }
-
-  // Validated above: nothing below can fail.
-  {
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < reg.models.size(); ++i) {
-      if (reg.models_skipped.count(i)) continue;
-      std::map<std::string, torch::Tensor> by_name(s.models[i].begin(), s.models[i].end());
-      for (auto& [key, t] : module_state(*reg.models[i])) {
-        torch::Tensor target_tensor = t;
-        target_tensor.copy_(by_name.at(key));
-      }
-    }
-  }
-  if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
-  if (s.generators) s.generators->apply();
-  reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
-  reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
-  for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
-  for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
-}
-
-}  // namespace detail
-
-/// Restores the registry's state from dir, or (no dir) from the newest
-/// project_dir/checkpoints/checkpoint_<N>, whose N+1 becomes the next
-/// automatic number. Every process must call it. A bad checkpoint throws
-/// accel::Error on every process and changes nothing. Returns the directory read.
-inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
-                                        std::optional<std::filesystem::path> dir = {}) {
-  using namespace detail;
-  fs::path target;
-  std::optional<int64_t> number;
-  std::exception_ptr err;
-  ReadState s;
-  const SkippedModels skipped(reg);
-  try {
-    if (dir) {
-      target = normal_dir(*dir);
-    } else {
-      const fs::path base = checkpoints_base(options, "load_state");
-      const auto all = list_checkpoints(base);
-      ACCEL_CHECK(!all.empty(), "accel: load_state() found no checkpoint_<N> directory in '",
-                  base.string(), "'. Save one with save_state() first, or pass a directory.");
-      target = all.back().second;
-      number = all.back().first;
-    }
-    const auto readable = readable_checkpoint(target);
-    reg.models_skipped = reg.load_pre_hooks.run(reg.models, readable, "load_state");
-    s = read_state(reg, readable);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  agree(*reg.state->comm, err, "load_state (reading the checkpoint)", kLoadKept);
-  apply_state(reg, s);
-  if (number) {
-    reg.checkpoint_iteration = *number + 1;
-  } else if (const auto it = s.meta.find("checkpoint_iteration");
-             it != s.meta.end() && it->is_number_integer()) {
-    reg.checkpoint_iteration = it->get<int64_t>() + 1;
-  }
-  return target;
-}
-
-}  // namespace accel::ckpt
-
-#endif  // ACCEL_CHECKPOINT_SAVE_STATE_HPP
-// end <accel/checkpoint/save_state.hpp>
-
-#include <cstdint>
-#include <exception>
-#include <filesystem>
-#include <iostream>
-#include <optional>
-#include <string>
-#include <vector>
-
-namespace accel::ckpt {
-
-namespace detail {
-
-/// The main process's numbers, the same on every process (a file system whose
-/// listing differs between processes must not make them read different
-/// checkpoints and disagree in the middle of a collective).
-inline std::vector<int64_t> share_numbers(StateRegistry& reg, std::vector<int64_t> numbers) {
-  auto& comm = *reg.state->comm;
-  if (comm.size() == 1) return numbers;
-  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
-  auto count = torch::full({1}, static_cast<int64_t>(numbers.size()), opts);
-  comm.broadcast(count, 0)->wait();
-  const auto n = count.to(torch::kCPU).item<int64_t>();
-  auto values = comm.rank() == 0 ? torch::tensor(numbers, opts) : torch::zeros({n}, opts);
-  if (n > 0) comm.broadcast(values, 0)->wait();
-  values = values.to(torch::kCPU);
-  return std::vector<int64_t>(values.data_ptr<int64_t>(), values.data_ptr<int64_t>() + n);
-}
-
-}  // namespace detail
-
-/// Loads the newest complete checkpoint under project_dir/checkpoints (see
-/// the file comment) and returns its directory; without one, changes nothing
-/// and returns std::nullopt. Either way the next automatic checkpoint number
-/// is past every checkpoint_<N> there, complete or not. When checkpoints exist
-/// but none loads, the newest one's error is thrown on every process. Every
-/// process must call it.
-inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg,
-                                                              const AcceleratorOptions& options) {
-  using namespace detail;
-  const fs::path base = checkpoints_base(options, "load_latest_state");
-  const bool main = reg.state->comm->rank() == 0;
-  // [highest N of any checkpoint_<N>, then the complete-looking ones, newest first]
-  std::vector<int64_t> numbers{-1};
-  if (main) {
-    const auto all = list_checkpoints(base);
-    std::error_code ec;
-    for (auto it = all.rbegin(); it != all.rend(); ++it)
-      if (fs::is_regular_file(it->second / kStateFile, ec)) numbers.push_back(it->first);
-    if (!all.empty()) numbers[0] = all.back().first;
-  }
-  numbers = share_numbers(reg, std::move(numbers));
-  const auto after_highest = [&] {
-    reg.checkpoint_iteration = std::max(reg.checkpoint_iteration, numbers.front() + 1);
-  };
-
-  std::exception_ptr newest_error;
-  for (std::size_t i = 1; i < numbers.size(); ++i) {
-    const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
-    std::exception_ptr err;
-    ReadState s;
-    const SkippedModels skipped(reg);
-    try {
-      reg.models_skipped = reg.load_pre_hooks.run(reg.models, dir, "load_state");
-      s = read_state(reg, dir);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    const int failed = failed_rank(*reg.state->comm, err == nullptr);
-    if (failed < 0) {
-      apply_state(reg, s);
-      after_highest();
-      return dir;
-    }
-    if (i == 1) newest_error = err;
-    if (failed == reg.state->comm->rank()) {
-      std::string why = "unknown error";
-      try {
-        std::rethrow_exception(err);
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-      }
-      std::cerr << "accel: warning: load_latest_state() skips '" << dir.string()
-                << "', which process " << failed << " cannot load: " << why
-                << (i + 1 < numbers.size() ? " Trying the next older checkpoint."
-                                           : " No older checkpoint is left.")
-                << std::endl;
-    }
-  }
-  if (numbers.size() > 1)
-    agree(*reg.state->comm, newest_error, "load_latest_state (reading the newest checkpoint)",
-          "no checkpoint under it loads; nothing was loaded on this process");
-  after_highest();
-  return std::nullopt;
-}
-
-}  // namespace accel::ckpt
-
-#endif  // ACCEL_CHECKPOINT_LATEST_STATE_HPP
-// end <accel/checkpoint/latest_state.hpp>
 // begin <accel/ops/batch_size.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines find_executable_batch_size: call fn(batch_size), lowering the
@@ -17308,6 +17330,27 @@ class Accelerator {
 
 #endif  // ACCEL_ACCELERATOR_HPP
 // end <accel/accelerator.hpp>
+// begin <accel/ops.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the ops area: the collectives behind the Accelerator's
+/// gather/reduce/broadcast, object collectives, work splitting, triggers,
+/// uneven inputs and the batch-size search (docs/collectives.md).
+#ifndef ACCEL_OPS_HPP
+#define ACCEL_OPS_HPP
+
+
+#endif  // ACCEL_OPS_HPP
+// end <accel/ops.hpp>
+// begin <accel/tracking.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Umbrella of the tracking area: experiment trackers (init_trackers,
+/// log) and the progress bar.
+#ifndef ACCEL_TRACKING_HPP
+#define ACCEL_TRACKING_HPP
+
+
+#endif  // ACCEL_TRACKING_HPP
+// end <accel/tracking.hpp>
 // begin <accel/dispatch.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::dispatch_accelerator: chooses the compile-time policies

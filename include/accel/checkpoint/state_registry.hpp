@@ -9,9 +9,9 @@
 #include <accel/checkpoint/state_hooks.hpp>
 #include <accel/data/loader_options.hpp>
 #include <accel/data/data_loader.hpp>
+#include <accel/detail/model_traits.hpp>
 #include <accel/detail/training_state.hpp>
 #include <accel/precision/loss_scaler.hpp>
-#include <accel/prepared/model.hpp>
 #include <accel/shard/detail/partition_layout.hpp>
 
 #include <torch/torch.h>
