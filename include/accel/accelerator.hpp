@@ -422,18 +422,13 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    std::exception_ptr err;
-    if constexpr (shards_parameters_v<Shard>) {
-      const auto gathers = parameter_gathers();
-      const ReleaseParameters release{gathers};
-      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                           [&](const torch::Tensor& t) {
-                                             for (auto* g : gathers) g->gather_holding(t);
-                                           });
-    } else {
-      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                           [](const torch::Tensor&) {});
-    }
+    // Without ShardParameters there is nothing to gather: every rank holds its parameters.
+    const auto gathers = parameter_gathers();
+    const ReleaseParameters release{gathers};
+    const auto err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                                    [&](const torch::Tensor& t) {
+                                                      for (auto* g : gathers) g->gather_holding(t);
+                                                    });
     ckpt::detail::agree(*state_->comm, err, "save_model",
                         "the main process writes the files, this one wrote none");
   }

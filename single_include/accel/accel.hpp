@@ -4107,10 +4107,10 @@ class ParameterGather {
   virtual void gather_all() = 0;
   virtual void release_all() = 0;
   /// Streaming save_model: makes whole the bucket holding t, when t is one
-  /// of this model's sharded parameters, and frees the bucket the previous
-  /// call made whole (release_all() ends the stream). False when t is not
-  /// one of them (a buffer, a frozen parameter, another model's).
-  virtual bool gather_holding(const torch::Tensor& t) = 0;
+  /// of this model's sharded parameters (not a buffer, a frozen parameter or
+  /// another model's), and frees the bucket the previous call made whole
+  /// (release_all() ends the stream).
+  virtual void gather_holding(const torch::Tensor& t) = 0;
   /// After the parameters were written while whole (load_state): each
   /// rank's partition takes the new values.
   virtual void keep_written_values() = 0;
@@ -15518,14 +15518,13 @@ class ZeroReducer final : public GradientSync,
     for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
     streamed_.reset();
   }
-  bool gather_holding(const torch::Tensor& t) override {
+  void gather_holding(const torch::Tensor& t) override {
     const auto it = index_.find(t.unsafeGetTensorImpl());
-    if (!units_ || it == index_.end()) return false;
+    if (!units_ || it == index_.end()) return;
     const auto b = plan_.slots[it->second].bucket;
     if (streamed_ && *streamed_ != b) release(*streamed_);
     streamed_ = b;
     make_whole({b});
-    return true;
   }
   void keep_written_values() override {
     if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
@@ -16952,18 +16951,13 @@ class Accelerator {
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
     state_->finalize_gradients();
-    std::exception_ptr err;
-    if constexpr (shards_parameters_v<Shard>) {
-      const auto gathers = parameter_gathers();
-      const ReleaseParameters release{gathers};
-      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                           [&](const torch::Tensor& t) {
-                                             for (auto* g : gathers) g->gather_holding(t);
-                                           });
-    } else {
-      err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                           [](const torch::Tensor&) {});
-    }
+    // Without ShardParameters there is nothing to gather: every rank holds its parameters.
+    const auto gathers = parameter_gathers();
+    const ReleaseParameters release{gathers};
+    const auto err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
+                                                    [&](const torch::Tensor& t) {
+                                                      for (auto* g : gathers) g->gather_holding(t);
+                                                    });
     ckpt::detail::agree(*state_->comm, err, "save_model",
                         "the main process writes the files, this one wrote none");
   }

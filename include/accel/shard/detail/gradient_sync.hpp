@@ -90,10 +90,10 @@ class ParameterGather {
   virtual void gather_all() = 0;
   virtual void release_all() = 0;
   /// Streaming save_model: makes whole the bucket holding t, when t is one
-  /// of this model's sharded parameters, and frees the bucket the previous
-  /// call made whole (release_all() ends the stream). False when t is not
-  /// one of them (a buffer, a frozen parameter, another model's).
-  virtual bool gather_holding(const torch::Tensor& t) = 0;
+  /// of this model's sharded parameters (not a buffer, a frozen parameter or
+  /// another model's), and frees the bucket the previous call made whole
+  /// (release_all() ends the stream).
+  virtual void gather_holding(const torch::Tensor& t) = 0;
   /// After the parameters were written while whole (load_state): each
   /// rank's partition takes the new values.
   virtual void keep_written_values() = 0;

@@ -217,14 +217,13 @@ class ZeroReducer final : public GradientSync,
     for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
     streamed_.reset();
   }
-  bool gather_holding(const torch::Tensor& t) override {
+  void gather_holding(const torch::Tensor& t) override {
     const auto it = index_.find(t.unsafeGetTensorImpl());
-    if (!units_ || it == index_.end()) return false;
+    if (!units_ || it == index_.end()) return;
     const auto b = plan_.slots[it->second].bucket;
     if (streamed_ && *streamed_ != b) release(*streamed_);
     streamed_ = b;
     make_whole({b});
-    return true;
   }
   void keep_written_values() override {
     if (!units_) return;  // ZeRO-1/2: the chunks are views of the whole buckets
