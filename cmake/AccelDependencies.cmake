@@ -9,8 +9,11 @@ endif()
 find_dependency(Boost)
 find_dependency(nlohmann_json)
 find_dependency(yaml-cpp)  # launch/config_file.hpp reads Accelerate-style YAML configs
-# logging/: spdlog's header-only target (Debian's libspdlog-dev; its fmt::fmt
-# is Debian's libfmt.so, the GPU bundle's is header-only).
+# logging/: spdlog's compiled library (Debian's libspdlog-dev; its fmt::fmt is
+# Debian's libfmt.so). Header-only spdlog would make every translation unit
+# that includes accel compile spdlog's formatters and sinks: about 9 s of a
+# 38 s compile (bench/compile_time.sh). The GPU bundle's spdlog::spdlog is
+# header-only over a header-only fmt.
 find_dependency(spdlog)
 if(NOT DEFINED ACCEL_WITH_MPI OR ACCEL_WITH_MPI)
   find_package(MPI QUIET COMPONENTS CXX)
@@ -19,7 +22,7 @@ endif()
 function(accel_link_dependencies target)
   # spdlog first: its fmt's include folder must come before LibTorch's, as
   # pip's LibTorch carries an fmt of its own (another version) in include/.
-  target_link_libraries(${target} INTERFACE spdlog::spdlog_header_only torch Boost::headers
+  target_link_libraries(${target} INTERFACE spdlog::spdlog torch Boost::headers
                                             nlohmann_json::nlohmann_json yaml-cpp)
   # A CUDA build of LibTorch brings NCCL: backend::Nccl becomes available.
   if(TORCH_CUDA_LIBRARIES)

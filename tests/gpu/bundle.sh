@@ -114,7 +114,7 @@ set(Boost_FOUND TRUE)
 EOF
 # fmt header-only (no libfmt.so to carry) and spdlog's header-only target over
 # it, under the names Debian's packages export (accel links
-# spdlog::spdlog_header_only).
+# spdlog::spdlog; header-only here).
 mkdir -p "$out.partial/cmake/fmt" "$out.partial/cmake/spdlog"
 cat >"$out.partial/cmake/fmt/fmt-config.cmake" <<'EOF'
 # accel's GPU bundle: fmt, header-only (FMT_HEADER_ONLY).

@@ -6,8 +6,6 @@
 
 #if ACCEL_WITH_MPI
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -24,6 +22,7 @@
 
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
+#include <accel/runtime/detail/mpi.hpp>
 #include <accel/runtime/detail/mpi_runtime.hpp>
 #include <accel/runtime/detail/mpi_work.hpp>
 #include <accel/runtime/process_env.hpp>

@@ -7,7 +7,6 @@
 
 #if ACCEL_WITH_MPI
 
-#include <mpi.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -24,6 +23,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <accel/errors.hpp>
+#include <accel/runtime/detail/mpi.hpp>
 #include <accel/runtime/process_env.hpp>
 
 namespace accel::runtime::detail {

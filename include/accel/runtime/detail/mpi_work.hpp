@@ -7,8 +7,6 @@
 
 #if ACCEL_WITH_MPI
 
-#include <mpi.h>
-
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -26,6 +24,7 @@
 
 #include <accel/errors.hpp>
 #include <accel/runtime/communicator.hpp>
+#include <accel/runtime/detail/mpi.hpp>
 #include <accel/runtime/detail/mpi_runtime.hpp>
 
 namespace accel::runtime::detail {
