@@ -128,6 +128,13 @@ class Accelerator {
     state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
     debug_ = runtime::detail::getenv_flag("ACCEL_DEBUG_MODE");
     if constexpr (Precision::loss_scaling) install_loss_scaler();
+    // What save_state() covers besides what prepare() and
+    // register_for_checkpointing() add: known now, set once.
+    registry_.state = state_;
+    registry_.scaler = scaler_;
+    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
+    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
+    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 
   Accelerator(const Accelerator&) = delete;
@@ -454,7 +461,6 @@ class Accelerator {
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: save_state", "accel.checkpoint");
-    sync_registry();
     with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
@@ -462,7 +468,6 @@ class Accelerator {
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: load_state", "accel.checkpoint");
-    sync_registry();
     with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
@@ -474,7 +479,6 @@ class Accelerator {
   /// checkpoint there. Every process must call it, after prepare() and
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
-    sync_registry();
     return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
@@ -780,14 +784,6 @@ class Accelerator {
         return result;
       }
     }
-  }
-
-  void sync_registry() {
-    registry_.state = state_;
-    registry_.scaler = scaler_;
-    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
-    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
-    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 };
 

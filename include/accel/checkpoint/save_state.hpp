@@ -126,26 +126,26 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   if (main) {
     try {
       nlohmann::json meta = {
-          {"format", std::string(kStateFormat)},
-          {"format_version", kStateFormatVersion},
-          {"accel_version", version_string},
-          {"world_size", comm.size()},
-          {"micro_step", reg.state->micro_step},
-          {"optimizer_steps", reg.state->optimizer_steps},
-          {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
-          {"models", reg.models.size()},
-          {"models_skipped", reg.models_skipped},
-          {"optimizers", reg.optimizers.size()},
-          {"optimizer_per_rank", reg.optimizer_per_rank},
-          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
-          {"shards_optimizer_state", reg.shards_optimizer_state},
-          {"partitions", partitions_json(reg)},
-          {"schedulers", reg.schedulers.size()},
-          {"loaders", reg.loaders.size()},
-          {"custom_objects", reg.custom.size()},
-          {"comm_hook_states", comm_hook_states(reg).size()},
-          {"loss_scaler", reg.scaler != nullptr},
-          {"xxh64", checksums_json(sums)}};
+          {key::format, std::string(kStateFormat)},
+          {key::format_version, kStateFormatVersion},
+          {key::accel_version, version_string},
+          {key::world_size, comm.size()},
+          {key::micro_step, reg.state->micro_step},
+          {key::optimizer_steps, reg.state->optimizer_steps},
+          {key::checkpoint_iteration, automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
+          {key::models, reg.models.size()},
+          {key::models_skipped, reg.models_skipped},
+          {key::optimizers, reg.optimizers.size()},
+          {key::optimizer_per_rank, reg.optimizer_per_rank},
+          {key::partition_bucket_cap_mb, reg.partition_bucket_cap_mb},
+          {key::shards_optimizer_state, reg.shards_optimizer_state},
+          {key::partitions, partitions_json(reg)},
+          {key::schedulers, reg.schedulers.size()},
+          {key::loaders, reg.loaders.size()},
+          {key::custom_objects, reg.custom.size()},
+          {key::comm_hook_states, comm_hook_states(reg).size()},
+          {key::loss_scaler, reg.scaler != nullptr},
+          {key::checksums, checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
       fsync_path(stage, true);
       crash_point("before_commit");
@@ -207,8 +207,8 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   }
   if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
   if (s.generators) s.generators->apply();
-  reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
-  reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
+  reg.state->micro_step = s.meta.at(key::micro_step).get<int64_t>();
+  reg.state->optimizer_steps = s.meta.at(key::optimizer_steps).get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
   for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
 }
@@ -248,7 +248,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;
-  } else if (const auto it = s.meta.find("checkpoint_iteration");
+  } else if (const auto it = s.meta.find(key::checkpoint_iteration);
              it != s.meta.end() && it->is_number_integer()) {
     reg.checkpoint_iteration = it->get<int64_t>() + 1;
   }

@@ -102,18 +102,50 @@ inline fs::path normal_dir(const fs::path& dir) {
   return p;
 }
 
+// --- The layout: one table of file names and keys for the writer
+// (write_process_files, save_state) and the reader (read_state,
+// load_latest_state). Renaming an entry breaks old checkpoints. ---
+
+inline std::string model_file(std::size_t i) { return indexed_name("model", i, ".safetensors"); }
 inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
   return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
                   : indexed_name("optimizer", i, ".pt");
 }
-inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
-  return optimizer_file(i, rank, reg.optimizer_per_rank);
+inline std::string scheduler_file(std::size_t i) { return indexed_name("scheduler", i, ".pt"); }
+inline std::string custom_file(std::size_t i) { return "custom_checkpoint_" + std::to_string(i) + ".pt"; }
+inline constexpr const char* kScalerFile = "scaler.json";
+inline std::string random_states_file(int rank) { return "random_states_" + std::to_string(rank) + ".pt"; }
+inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+inline std::string comm_hook_file(std::size_t i, int rank) {
+  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
-inline std::string random_states_file(int rank) {
-  return "random_states_" + std::to_string(rank) + ".pt";
-}
-inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+/// The keys of accel_state.json (kStateFile), of the loaders_<rank>.json
+/// files and of scaler.json.
+namespace key {
+inline constexpr const char *format = "format", *format_version = "format_version",
+                            *accel_version = "accel_version", *world_size = "world_size",
+                            *micro_step = "micro_step", *optimizer_steps = "optimizer_steps",
+                            *checkpoint_iteration = "checkpoint_iteration", *models = "models",
+                            *models_skipped = "models_skipped", *optimizers = "optimizers",
+                            *optimizer_per_rank = "optimizer_per_rank",
+                            *partition_bucket_cap_mb = "partition_bucket_cap_mb",
+                            *shards_optimizer_state = "shards_optimizer_state",
+                            *partitions = "partitions", *schedulers = "schedulers",
+                            *loaders = "loaders", *custom_objects = "custom_objects",
+                            *comm_hook_states = "comm_hook_states", *loss_scaler = "loss_scaler",
+                            *checksums = "xxh64";
+// partitions[i]
+inline constexpr const char *bucket_numel = "bucket_numel", *bucket_group = "bucket_group",
+                            *groups = "groups";
+// loaders_<rank>.json: {rank, loaders: [{epoch, batches_yielded, samples_per_step}]}
+inline constexpr const char *rank = "rank", *epoch = "epoch", *batches_yielded = "batches_yielded",
+                            *samples_per_step = "samples_per_step";
+// scaler.json
+inline constexpr const char *scale = "scale", *growth_tracker = "growth_tracker";
+}  // namespace key
+
+// --- end of the layout ---
 
 /// The state of the prepared models' communication hooks that keep some
 /// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
@@ -125,9 +157,6 @@ inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
       out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
                              [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
   return out;
-}
-inline std::string comm_hook_file(std::size_t i, int rank) {
-  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
 /// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
@@ -146,13 +175,13 @@ class SkippedModels {
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
   for (std::size_t i = 0; i < reg.models.size(); ++i)
-    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
+    if (!reg.models_skipped.count(i)) files.push_back(model_file(i));
   if (!reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(i, 0, reg.optimizer_per_rank));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(scheduler_file(i));
   for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
-  if (reg.scaler) files.push_back("scaler.json");
+    files.push_back(custom_file(i));
+  if (reg.scaler) files.push_back(kScalerFile);
   return files;
 }
 
@@ -160,7 +189,7 @@ inline std::vector<std::string> main_files(const StateRegistry& reg) {
 inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
   std::vector<std::string> files;
   if (reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(i, rank, reg.optimizer_per_rank));
   files.push_back(random_states_file(rank));
   files.push_back(loaders_file(rank));
   for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
@@ -179,7 +208,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
       if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
-      const std::string name = indexed_name("model", i, ".safetensors");
+      const std::string name = model_file(i);
       sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");
     }
@@ -193,16 +222,14 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     }
   };
   if (main || reg.optimizer_per_rank)
-    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
   archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
-    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
-    archive_all(reg.custom, [](std::size_t i) {
-      return "custom_checkpoint_" + std::to_string(i) + ".pt";
-    });
+    archive_all(reg.schedulers, scheduler_file);
+    archive_all(reg.custom, custom_file);
     if (reg.scaler)
-      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
-                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
+      sums[kScalerFile] = write_json(stage / kScalerFile, {{key::scale, reg.scaler->scale()},
+                                                               {key::growth_tracker, reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);
@@ -211,10 +238,10 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
-    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
-                       {"samples_per_step", l.samples_per_step()}});
+    loaders.push_back({{key::epoch, c.epoch}, {key::batches_yielded, c.batches_yielded},
+                       {key::samples_per_step, l.samples_per_step()}});
   }
-  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
+  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{key::rank, rank}, {key::loaders, loaders}});
   return sums;
 }
 
@@ -253,9 +280,9 @@ inline nlohmann::json partitions_json(const StateRegistry& reg) {
       out.push_back(nullptr);
       continue;
     }
-    out.push_back({{"bucket_numel", p.whole.bucket_numel},
-                   {"bucket_group", p.whole.bucket_group},
-                   {"groups", p.whole.groups.size()}});
+    out.push_back({{key::bucket_numel, p.whole.bucket_numel},
+                   {key::bucket_group, p.whole.bucket_group},
+                   {key::groups, p.whole.groups.size()}});
   }
   return out;
 }

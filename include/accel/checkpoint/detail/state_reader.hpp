@@ -48,23 +48,23 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   const fs::path state_file = dir / kStateFile;
   ReadState s;
   s.meta = read_json(state_file);
-  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
+  ACCEL_CHECK(s.meta.value(key::format, "") == kStateFormat, "accel: '", state_file.string(),
               "' is not an accel save_state file. Pass a directory written by save_state().");
-  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
+  ACCEL_CHECK(json_field<int>(s.meta, key::format_version, state_file) <= kStateFormatVersion,
               "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
-              s.meta["format_version"].dump(), "). Load it with that version.");
-  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
+              s.meta[key::format_version].dump(), "). Load it with that version.");
+  const auto saved_world = json_field<int64_t>(s.meta, key::world_size, state_file);
   const bool other_world = saved_world != comm.size();
   ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
               " processes. Load a directory written by save_state().");
-  check_count(s.meta, "models", reg.models.size(), "models", state_file);
-  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
-  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
-  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
-  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  check_count(s.meta, key::models, reg.models.size(), "models", state_file);
+  check_count(s.meta, key::optimizers, reg.optimizers.size(), "optimizers", state_file);
+  check_count(s.meta, key::schedulers, reg.schedulers.size(), "schedulers", state_file);
+  check_count(s.meta, key::loaders, reg.loaders.size(), "data loaders", state_file);
+  check_count(s.meta, key::custom_objects, reg.custom.size(), "registered objects", state_file);
   // Checkpoints from before communication hooks: none.
   const auto hooks = comm_hook_states(reg).size();
-  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
+  const auto saved_hooks = s.meta.contains(key::comm_hook_states) ? json_field<int64_t>(s.meta, key::comm_hook_states, state_file) : 0;
   ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
               "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
               "this Accelerator's prepared models have ", hooks, ". Resume with the same "
@@ -73,22 +73,22 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
               saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
               "feedback and Q matrices are per process and cannot be mapped onto another number of "
               "processes. Resume with ", saved_world, " processes.");
-  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
+  ACCEL_CHECK(json_field<bool>(s.meta, key::loss_scaler, state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
               "Accelerator runs ", reg.scaler ? "with" : "without",
               " one. Resume with the same precision policy.");
-  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
+  const bool saved_per_rank = json_field<bool>(s.meta, key::optimizer_per_rank, state_file);
   // Checkpoints from before re-partitioning record only whether the state was per process.
-  const bool saved_shards = s.meta.contains("shards_optimizer_state")
-                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
+  const bool saved_shards = s.meta.contains(key::shards_optimizer_state)
+                                ? json_field<bool>(s.meta, key::shards_optimizer_state, state_file)
                                 : saved_per_rank;
   ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
-  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains(key::partition_bucket_cap_mb)) {
     // Each rank's optimizer file holds its chunks of the gradient buckets.
-    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
+    const auto cap = json_field<double>(s.meta, key::partition_bucket_cap_mb, state_file);
     ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
                 "' holds sharded optimizer state partitioned by buckets of ", cap,
                 " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
@@ -100,7 +100,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   const bool relayout = other_world && reg.shards_optimizer_state;
   std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
   if (relayout) {
-    const auto saved = s.meta.find("partitions");
+    const auto saved = s.meta.find(key::partitions);
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
       const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
                          (*saved)[i].is_object() && i < reg.partitions.size() &&
@@ -112,9 +112,9 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                   "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
       const auto& whole = reg.partitions[i].whole;
       const auto& entry = (*saved)[i];
-      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
-      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
-      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
+      const auto numel = json_field<std::vector<int64_t>>(entry, key::bucket_numel, state_file);
+      const auto group = json_field<std::vector<int>>(entry, key::bucket_group, state_file);
+      const auto groups = json_field<std::size_t>(entry, key::groups, state_file);
       ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
                   "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
                   " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
@@ -155,7 +155,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   for (const auto& f : files)
     if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    const auto skipped = s.meta.find("models_skipped");
+    const auto skipped = s.meta.find(key::models_skipped);
     const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
                                  std::find(skipped->begin(), skipped->end(), i) != skipped->end();
     ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
@@ -171,7 +171,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
 
   // The checksums save_state recorded (none in checkpoints written before it recorded them).
   std::optional<Checksums> sums;
-  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
+  if (const auto it = s.meta.find(key::checksums); it != s.meta.end()) {
     sums.emplace();
     const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
       const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
@@ -193,7 +193,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   s.models.resize(reg.models.size());
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
     if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
-    const std::string name = indexed_name("model", i, ".safetensors");
+    const std::string name = model_file(i);
     const fs::path f = dir / name;
     auto contents = read_safetensors(f);  // checks the data against the header's checksum
     if (const auto want = expected(name)) {
@@ -210,7 +210,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
     if (!relayout) {
-      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
+      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(i, rank, reg.optimizer_per_rank);
       load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
       continue;
     }
@@ -224,12 +224,12 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   s.schedulers.resize(reg.schedulers.size());
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
-    const std::string name = indexed_name("scheduler", i, ".pt");
+    const std::string name = scheduler_file(i);
     load_archive(s.schedulers[i], dir / name, expected(name));
   }
   s.custom.resize(reg.custom.size());
   for (std::size_t i = 0; i < reg.custom.size(); ++i) {
-    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
+    const std::string name = custom_file(i);
     load_archive(s.custom[i], dir / name, expected(name));
   }
   s.comm_hooks.resize(hooks);
@@ -246,19 +246,19 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   {
     const fs::path f = dir / loader_positions;
     const auto j = read_json(f, expected(loader_positions));
-    const auto list_j = j.find("loaders");
+    const auto list_j = j.find(key::loaders);
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
                 " loader positions. Load a directory written completely by save_state().");
     for (const auto& l : *list_j) {
-      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
+      data::LoaderCheckpoint c{json_field<int64_t>(l, key::epoch, f), json_field<int64_t>(l, key::batches_yielded, f)};
       ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
                   "' holds a negative loader position. Save the checkpoint again.");
       if (other_world && c.batches_yielded > 0) {
         // The same samples, in whole steps of this run (the epoch's order
         // does not depend on the number of processes).
         const std::size_t index = s.loaders.size();
-        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
+        const auto saved_step = l.contains(key::samples_per_step) ? json_field<int64_t>(l, key::samples_per_step, f) : 0;
         const auto step = reg.loaders[index].samples_per_step();
         const auto samples = c.batches_yielded * saved_step;
         ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
@@ -278,14 +278,14 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     }
   }
   if (reg.scaler) {
-    const fs::path f = dir / "scaler.json";
-    const auto j = read_json(f, expected("scaler.json"));
-    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
+    const fs::path f = dir / kScalerFile;
+    const auto j = read_json(f, expected(kScalerFile));
+    s.scaler.emplace(json_field<double>(j, key::scale, f), json_field<int64_t>(j, key::growth_tracker, f));
     ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
                 "' holds an invalid loss scale. Save the checkpoint again.");
   }
-  json_field<int64_t>(s.meta, "micro_step", state_file);
-  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
+  json_field<int64_t>(s.meta, key::micro_step, state_file);
+  json_field<int64_t>(s.meta, key::optimizer_steps, state_file);
   return s;
 }
 
