@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines the run-time options of accel::Accelerator (numbers are
-/// options, not template parameters).
+/// @file Defines the run-time options of accel::Accelerator and of its
+/// save_model (numbers are options, not template parameters).
 #ifndef ACCEL_OPTIONS_HPP
 #define ACCEL_OPTIONS_HPP
 
@@ -63,6 +63,18 @@ struct AcceleratorOptions {
 };
 
 enum class Reduction { Sum, Mean };
+
+/// Options of Accelerator::save_model.
+struct SaveModelOptions {
+  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
+  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
+  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
+  /// a shard of its own.
+  std::string max_shard_size = "10GB";
+  /// Each file's header records the XXH64 of its data (metadata entry
+  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
+  bool checksum = true;
+};
 
 }  // namespace accel
 

@@ -48,7 +48,7 @@ struct RecordingNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(RecordingNet);
 
-std::string free_port() { return std::to_string(accel::detail::pick_free_port()); }
+std::string free_port() { return std::to_string(accel::detail::launch::pick_free_port()); }
 
 void set_world(int rank, int size, const std::string& port) {
   setenv("RANK", std::to_string(rank).c_str(), 1);

@@ -115,7 +115,7 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
     // Machine 0 takes a free port (port 0) or the default 29500 if it is free
     // (no port given), and the others learn which through the shared file.
     const int preferred = port ? 0 : 29500;
-    p.main_process_port = detail::agree_on_free_port(
+    p.main_process_port = detail::launch::agree_on_free_port(
         *f.rdzv_file, p.machine_rank, p.main_process_ip,
         std::chrono::steady_clock::now() + std::chrono::minutes(30), preferred);
     if (hosts) p.published_port_file = *f.rdzv_file;
@@ -128,19 +128,19 @@ inline LaunchPlan make_launch_plan(const LaunchFlags& f) {
     }
   } else if (port && *port == 0) {
     p.any_port = true;
-    p.main_process_port = detail::pick_free_port(p.main_process_ip);
+    p.main_process_port = detail::launch::pick_free_port(p.main_process_ip);
     p.notes.push_back("using free port " + std::to_string(p.main_process_port));
   } else if (port) {
     p.main_process_port = *port;
-    if (hosts) detail::ensure_port_free(p.main_process_ip, *port);
+    if (hosts) detail::launch::ensure_port_free(p.main_process_ip, *port);
   } else {
     p.main_process_port = 29500;
     if (hosts) {
       try {
-        detail::ensure_port_free(p.main_process_ip, 29500);
+        detail::launch::ensure_port_free(p.main_process_ip, 29500);
       } catch (const Error&) {
         if (p.num_machines > 1) throw;
-        p.main_process_port = detail::pick_free_port(p.main_process_ip);
+        p.main_process_port = detail::launch::pick_free_port(p.main_process_ip);
         p.notes.push_back("default port 29500 is in use; using free port " +
                           std::to_string(p.main_process_port));
       }

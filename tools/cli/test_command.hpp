@@ -174,7 +174,7 @@ inline int run_test(const TestFlags& f, std::ostream& out, std::ostream& err) {
   plan.scratch = scratch.path();
   LaunchOptions lo;
   lo.num_processes = plan.num_processes;
-  lo.master_port = accel::detail::pick_free_port(lo.master_addr);  // named if the rendezvous hangs
+  lo.master_port = accel::detail::launch::pick_free_port(lo.master_addr);  // named if the rendezvous hangs
   const auto deadline = std::chrono::steady_clock::now() + plan.timeout;
   auto time_left = [&] {
     return std::max(std::chrono::seconds(1), std::chrono::ceil<std::chrono::seconds>(
@@ -185,7 +185,7 @@ inline int run_test(const TestFlags& f, std::ostream& out, std::ostream& err) {
     lo.timeout = time_left();
     notebook_launcher(selftest::first_run, std::make_tuple(plan), lo);
     lo.timeout = time_left();
-    lo.master_port = accel::detail::pick_free_port(lo.master_addr);
+    lo.master_port = accel::detail::launch::pick_free_port(lo.master_addr);
     notebook_launcher(selftest::resumed_run, std::make_tuple(plan), lo);
   } catch (const LaunchError& e) {
     const std::string check = dt::stage_of(plan, e.rank());

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines SaveModelOptions and the file side of save_model: a module's
-/// parameters and buffers to safetensors shards plus Hugging Face's index, and
-/// back into a module.
+/// @file Defines the file side of save_model: a module's parameters and
+/// buffers to safetensors shards plus Hugging Face's index, and back into a
+/// module (its options, SaveModelOptions, are in accel/options.hpp).
 #ifndef ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 #define ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 
 #include <accel/checkpoint/detail/file_io.hpp>
 #include <accel/checkpoint/safetensors.hpp>
 #include <accel/errors.hpp>
+#include <accel/options.hpp>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -28,22 +29,6 @@
 #include <system_error>
 #include <utility>
 #include <vector>
-
-namespace accel {
-
-/// Options of Accelerator::save_model.
-struct SaveModelOptions {
-  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
-  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
-  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
-  /// a shard of its own.
-  std::string max_shard_size = "10GB";
-  /// Each file's header records the XXH64 of its data (metadata entry
-  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
-  bool checksum = true;
-};
-
-}  // namespace accel
 
 namespace accel::ckpt {
 

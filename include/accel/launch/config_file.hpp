@@ -67,7 +67,7 @@ struct LaunchConfig {
   std::vector<std::string> warnings;   ///< unknown and ignored keys, one message each
 };
 
-namespace detail {
+namespace detail::launch {
 /// The keys a file holds for `c`: Accelerate's, plus accel's `backend` when set.
 inline nlohmann::json to_json(const LaunchConfig& c) {
   nlohmann::json j;
@@ -92,7 +92,7 @@ inline nlohmann::json to_json(const LaunchConfig& c) {
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   return j;
 }
-}  // namespace detail
+}  // namespace detail::launch
 
 /// Where the config file lives: $ACCEL_CONFIG_FILE, else
 /// $XDG_CONFIG_HOME/accel/default_config.yaml, else ~/.config/accel/default_config.yaml.
@@ -176,7 +176,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
     throw ConfigError("accel: " + path.string() +
                       ": the top level must be a mapping of keys to values. Run `accel config` to "
                       "write a valid file.");
-  detail::ConfigReader r{path.string(), c.warnings};
+  detail::launch::ConfigReader r{path.string(), c.warnings};
   std::map<std::string, int> seen;  // key -> line: YAML readers disagree on duplicates
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -184,7 +184,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
     const int line = kv.first.Mark().line + 1;
     if (const auto [it, fresh] = seen.emplace(key, line); !fresh)
       throw ConfigError("accel: " + path.string() + ":" + std::to_string(line) + ": key '" +
-                        detail::ConfigReader::clipped(key) + "' appears twice (lines " +
+                        detail::launch::ConfigReader::clipped(key) + "' appears twice (lines " +
                         std::to_string(it->second) + " and " + std::to_string(line) +
                         "). Keep one of them.");
     if (v.IsNull()) continue;  // Accelerate drops None values; a null means "unset"
@@ -239,8 +239,8 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
       c.gpu_ids = r.string(key, v);
     } else if (key == "gradient_accumulation_steps") {
       c.gradient_accumulation_steps = r.integer(key, v, 1, 1 << 30);
-    } else if (detail::is_ignored_accelerate_key(key)) {
-      if (!detail::is_trivial(v))
+    } else if (detail::launch::is_ignored_accelerate_key(key)) {
+      if (!detail::launch::is_trivial(v))
         r.warn(key, line, "accel does not support this Accelerate feature; the key is ignored");
     } else {
       r.warn(key, line, "unknown key, ignored. Check its spelling (keys are Accelerate's)");
@@ -258,7 +258,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
 /// Writes `c` as YAML (sorted keys, Accelerate's names; accel's `backend` only
 /// when set), creating parent directories and replacing an existing file.
 inline void write_config_file(const LaunchConfig& c, const std::filesystem::path& path) {
-  nlohmann::json j = detail::to_json(c);
+  nlohmann::json j = detail::launch::to_json(c);
   YAML::Emitter out;
   out << YAML::BeginMap;
   for (const auto& [k, v] : j.items()) {  // nlohmann::json keeps keys sorted
@@ -268,7 +268,7 @@ inline void write_config_file(const LaunchConfig& c, const std::filesystem::path
     else out << v.get<std::string>();
   }
   out << YAML::EndMap;
-  detail::write_text(path, std::string(out.c_str()) + "\n");
+  detail::launch::write_text(path, std::string(out.c_str()) + "\n");
 }
 
 /// Writes the basic config Accelerate's write_basic_config writes (JSON, sorted
@@ -300,10 +300,10 @@ inline void write_basic_config(std::string_view mixed_precision = "no",
     c.distributed_type = gpus > 1 ? DistributedType::MultiGpu : DistributedType::No;
   }
 #endif
-  nlohmann::json j = detail::to_json(c);
+  nlohmann::json j = detail::launch::to_json(c);
   j["tpu_use_cluster"] = false;  // Accelerate's ClusterConfig writes these defaults too
   j["tpu_use_sudo"] = false;
-  detail::write_text(where, j.dump(2) + "\n");
+  detail::launch::write_text(where, j.dump(2) + "\n");
 }
 
 }  // namespace accel

@@ -129,7 +129,7 @@ void launch(const fs::path& out, const fs::path& project, Fault fault, int max_r
 std::string launch_two_machines(const fs::path& out, const fs::path& project, Fault fault,
                                 int max_restarts, int fault_rank) {
   fs::create_directories(project);
-  const int port = accel::detail::pick_free_port();
+  const int port = accel::detail::launch::pick_free_port();
   const fs::path other_error = out.string() + "_machine1_error.txt";
   const pid_t other = ::fork();
   REQUIRE(other >= 0);

@@ -323,7 +323,7 @@ TEST_CASE("elastic, several machines: a launcher started for another launch is r
   o.num_processes = 2;
   o.num_nodes = 2;
   o.max_restarts = 1;
-  o.master_port = accel::detail::pick_free_port();
+  o.master_port = accel::detail::launch::pick_free_port();
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   std::ostringstream server_log;
   std::string server_error;

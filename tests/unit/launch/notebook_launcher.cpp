@@ -105,7 +105,7 @@ TEST_CASE("2 and 3 workers see their rank variables and the arguments", "[launch
   for (int n : {2, 3}) {
     DYNAMIC_SECTION(n << " workers") {
       const fs::path dir = fresh_dir("vars" + std::to_string(n));
-      const int port = accel::detail::pick_free_port();  // a fixed one may be taken under ctest -j
+      const int port = accel::detail::launch::pick_free_port();  // a fixed one may be taken under ctest -j
       accel::LaunchOptions opts;
       opts.num_processes = n;
       opts.master_port = port;
@@ -344,7 +344,7 @@ TEST_CASE("master_port 0 picks one free port for all workers", "[launch]") {
 
 TEST_CASE("two nodes: two launchers give ranks 0..3 in a world of 4", "[launch]") {
   const fs::path dir = fresh_dir("two_nodes");
-  const int port = accel::detail::pick_free_port();
+  const int port = accel::detail::launch::pick_free_port();
   auto node = [&](int node_rank) {
     accel::notebook_launcher(
         [](const std::string& d) {
@@ -419,7 +419,7 @@ TEST_CASE("ACCEL_DEBUG_MODE: a dry launch checks the workers first", "[launch]")
   ::setenv("ACCEL_DEBUG_MODE", "yes", 1);
   accel::notebook_launcher([](const std::string& d) { write_report(d); },
                            std::make_tuple(dir.string()),
-                           {.num_processes = 2, .master_port = accel::detail::pick_free_port()});
+                           {.num_processes = 2, .master_port = accel::detail::launch::pick_free_port()});
   CHECK(read_report(dir / "rank1.txt")["RANK"] == "1");
 
   // A taken port is named before anything starts.

@@ -17,7 +17,7 @@
 
 #include <accel/errors.hpp>
 
-namespace accel::detail {
+namespace accel::detail::launch {
 
 /// Converts one value; every failure names file, line, key, what was found and
 /// what is allowed.
@@ -124,6 +124,6 @@ inline void write_text(const std::filesystem::path& path, const std::string& tex
                 ". Check that the directory is writable or pass another path.");
 }
 
-}  // namespace accel::detail
+}  // namespace accel::detail::launch
 
 #endif  // ACCEL_LAUNCH_DETAIL_CONFIG_KEYS_HPP

@@ -199,7 +199,7 @@ class AgentServer final : public NodeAgent {
               std::chrono::seconds rdzv_timeout, std::ostream& log)
       : o_(std::move(o)), any_port_(any_port), deadline_(deadline), rdzv_timeout_(rdzv_timeout),
         log_(log), members_(static_cast<std::size_t>(o_.num_nodes), -1) {
-    const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port);
+    const int fd = bind_tcp(o_.master_addr, o_.master_port);
     if (fd < 0)
       throw Error("accel: machine 0 cannot host the rendezvous of the launchers on " + o_.master_addr +
                   ":" + std::to_string(o_.master_port) + " (" + std::strerror(-fd) + "). " +
@@ -328,13 +328,13 @@ class AgentServer final : public NodeAgent {
   /// free (the usual second port to open in a firewall), else a free port.
   int worker_port() const {
     if (!any_port_ && o_.master_port < 65535) {
-      const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port + 1);
+      const int fd = bind_tcp(o_.master_addr, o_.master_port + 1);
       if (fd >= 0) {
         ::close(fd);
         return o_.master_port + 1;
       }
     }
-    return accel::detail::pick_free_port(o_.master_addr);
+    return pick_free_port(o_.master_addr);
   }
 
   void broadcast(const AgentMessage& m) {

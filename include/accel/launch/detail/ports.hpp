@@ -22,7 +22,7 @@
 #include <accel/errors.hpp>
 #include <accel/runtime/detail/tcp_probe.hpp>
 
-namespace accel::detail {
+namespace accel::detail::launch {
 
 using runtime::detail::bind_tcp;
 
@@ -122,6 +122,6 @@ inline int agree_on_free_port(const std::string& file, int node_rank, const std:
   }
 }
 
-}  // namespace accel::detail
+}  // namespace accel::detail::launch
 
 #endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP

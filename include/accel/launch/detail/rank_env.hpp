@@ -158,7 +158,7 @@ inline void check_reachable(const std::string& host, int port, std::chrono::mill
 /// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
 /// -1 with errno set when it is taken.
 inline int try_bind(const std::string& host, int port) {
-  const int fd = accel::detail::bind_tcp(host, port);
+  const int fd = bind_tcp(host, port);
   if (fd < 0) {
     errno = -fd;
     return -1;
@@ -173,9 +173,6 @@ inline int try_bind(const std::string& host, int port) {
 /// A port on host that is free now (the kernel's choice). It is released before
 /// the workers start, so another program could take it in between: rare, and
 /// the rendezvous then fails with the port in its message.
-using accel::detail::pick_free_port;
-using accel::detail::agree_on_free_port;
-using accel::detail::RemoveAtExit;
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no
