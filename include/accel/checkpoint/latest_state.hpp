@@ -79,7 +79,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
 
   std::exception_ptr newest_error;
   for (std::size_t i = 1; i < numbers.size(); ++i) {
-    const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
+    const fs::path dir = base / checkpoint_dir_name(numbers[i]);
     std::exception_ptr err;
     ReadState s;
     const SkippedModels skipped(reg);

@@ -67,7 +67,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     ACCEL_CHECK(!options.total_limit || *options.total_limit >= 1,
                 "accel: AcceleratorOptions::total_limit must be at least 1 (got ",
                 options.total_limit.value_or(0), "). Leave it unset to keep every checkpoint.");
-    target = base / ("checkpoint_" + std::to_string(reg.checkpoint_iteration));
+    target = base / checkpoint_dir_name(reg.checkpoint_iteration);
   } else {
     target = normal_dir(*dir);
   }

@@ -39,9 +39,16 @@ inline std::string indexed_name(const char* stem, std::size_t i, const char* ext
   return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
 }
 
+/// Automatic checkpoints (ProjectConfiguration::automatic_checkpoint_naming)
+/// are directories checkpoint_<N> under <project_dir>/checkpoints.
+inline constexpr std::string_view kCheckpointPrefix = "checkpoint_";
+inline std::string checkpoint_dir_name(int64_t n) {
+  return std::string(kCheckpointPrefix) + std::to_string(n);
+}
+
 /// The checkpoint number of a directory named checkpoint_<N>.
 inline std::optional<int64_t> checkpoint_number(const std::string& name) {
-  constexpr std::string_view prefix = "checkpoint_";
+  constexpr std::string_view prefix = kCheckpointPrefix;
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
     return std::nullopt;
   const std::string digits = name.substr(prefix.size());
