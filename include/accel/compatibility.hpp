@@ -23,8 +23,12 @@ struct policy_rules {
       is_backend_policy_v<B> && is_precision_policy_v<P> && is_shard_policy_v<S>;
   static constexpr bool nccl_ok = !std::is_same_v<B, backend::Nccl> || ACCEL_WITH_NCCL;
   static constexpr bool mpi_ok = !std::is_same_v<B, backend::Mpi> || ACCEL_WITH_MPI;
-  static constexpr bool shard_ok =
-      !(kinds_ok && !B::multi_process && (S::shards_optimizer_state || S::shards_gradients));
+  static constexpr bool shard_ok = [] {
+    if constexpr (kinds_ok)
+      return B::multi_process || !(S::shards_optimizer_state || S::shards_gradients);
+    else
+      return true;  // not policies: their own checks say so, B::multi_process may not exist
+  }();
   static constexpr bool value = kinds_ok && nccl_ok && mpi_ok && shard_ok;
 };
 
@@ -39,6 +43,11 @@ inline constexpr bool accelerator_policies_valid_v = detail::policy_rules<B, P, 
 template <class B, class P, class S>
 struct check_accelerator_policies {
   using rules = detail::policy_rules<B, P, S>;
+  // Each policy's own check first. Only a complete class runs its
+  // static_asserts (an initializer of a static member is not instantiated
+  // until used), and sizeof needs one: always true, no error of its own.
+  static_assert(sizeof(check_backend_policy<B>) && sizeof(check_precision_policy<P>) &&
+                sizeof(check_shard_policy<S>));
   static constexpr bool policies_ok = check_backend_policy<B>::value &&
                                       check_precision_policy<P>::value &&
                                       check_shard_policy<S>::value;

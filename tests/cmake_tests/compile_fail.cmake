@@ -7,12 +7,19 @@ accel_add_compile_fail_test(NAME prepare_unsupported_argument
 accel_add_compile_fail_test(NAME shard_with_single_device
   SOURCE ${_cf}/shard_with_single_device_fail.cpp
   REGEX "accel: shard::ShardOptimizer and shard::ShardGradients need more than one process")
+accel_add_compile_fail_test(NAME policy_in_wrong_place
+  SOURCE ${_cf}/policy_in_wrong_place_fail.cpp
+  REGEX "accel: the Backend parameter of Accelerator is not a backend policy")
+accel_add_compile_fail_test(NAME backend_missing_member
+  SOURCE ${_cf}/backend_missing_member_fail.cpp
+  REGEX "accel: this backend policy has no .static std::shared_ptr<runtime::Communicator> make_communicator")
 if(NOT TORCH_CUDA_LIBRARIES)
   accel_add_compile_fail_test(NAME nccl_without_nccl
     SOURCE ${_cf}/nccl_without_nccl_fail.cpp
     REGEX "accel: backend::Nccl is not available in this build")
 endif()
-foreach(_ok prepare_unsupported_argument shard_with_single_device nccl_without_nccl)
+foreach(_ok prepare_unsupported_argument shard_with_single_device nccl_without_nccl policy_in_wrong_place
+            backend_missing_member)
   add_executable(compile_ok_${_ok} ${_cf}/${_ok}_ok.cpp)
   target_link_libraries(compile_ok_${_ok} PRIVATE accel::accel accel_test_catch)
   target_precompile_headers(compile_ok_${_ok} REUSE_FROM accel_test_pch)
