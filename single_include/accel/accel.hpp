@@ -139,8 +139,8 @@ inline bool caused_by_another_process(std::string_view message) {
 // end <accel/errors.hpp>
 // begin <accel/options.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines the run-time options of accel::Accelerator (numbers are
-/// options, not template parameters).
+/// @file Defines the run-time options of accel::Accelerator and of its
+/// save_model (numbers are options, not template parameters).
 #ifndef ACCEL_OPTIONS_HPP
 #define ACCEL_OPTIONS_HPP
 
@@ -203,6 +203,18 @@ struct AcceleratorOptions {
 };
 
 enum class Reduction { Sum, Mean };
+
+/// Options of Accelerator::save_model.
+struct SaveModelOptions {
+  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
+  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
+  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
+  /// a shard of its own.
+  std::string max_shard_size = "10GB";
+  /// Each file's header records the XXH64 of its data (metadata entry
+  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
+  bool checksum = true;
+};
 
 }  // namespace accel
 
@@ -1646,8 +1658,6 @@ inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& en
 
 #if ACCEL_WITH_MPI
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -1662,6 +1672,27 @@ inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& en
 #include <utility>
 #include <vector>
 
+// begin <accel/runtime/detail/mpi.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Includes MPI's C interface, the only one accel uses. Without the
+/// SKIP macros OpenMPI's and MPICH's mpi.h also define the C++ bindings
+/// (removed from the MPI standard in 3.0), whose classes and vtables every
+/// translation unit would compile: about a second each.
+#ifndef ACCEL_RUNTIME_DETAIL_MPI_HPP
+#define ACCEL_RUNTIME_DETAIL_MPI_HPP
+
+#if ACCEL_WITH_MPI
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#endif
+
+#endif  // ACCEL_RUNTIME_DETAIL_MPI_HPP
+// end <accel/runtime/detail/mpi.hpp>
 // begin <accel/runtime/detail/mpi_runtime.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::runtime::detail::MpiRuntime: MPI initialised once per
@@ -1672,7 +1703,6 @@ inline std::shared_ptr<Communicator> make_gloo_communicator(const ProcessEnv& en
 
 #if ACCEL_WITH_MPI
 
-#include <mpi.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -1921,8 +1951,6 @@ inline MPI_Comm join_singletons(const ProcessEnv& env, c10d::Store& store,
 #define ACCEL_RUNTIME_DETAIL_MPI_WORK_HPP
 
 #if ACCEL_WITH_MPI
-
-#include <mpi.h>
 
 #include <atomic>
 #include <chrono>
@@ -2804,25 +2832,60 @@ namespace accel {
 ///   static torch::Device device(const runtime::ProcessEnv&);
 ///   static std::shared_ptr<runtime::Communicator> make_communicator(const runtime::ProcessEnv&,
 ///                                                                   const AcceleratorOptions&);
+namespace backend::detail {
+// One concept per member, so that check_backend_policy names the missing one.
 template <class B>
-concept BackendPolicy = requires(const runtime::ProcessEnv& env, const AcceleratorOptions& opts) {
-  { B::name } -> std::convertible_to<std::string_view>;
-  { B::multi_process } -> std::convertible_to<bool>;
-  { B::available } -> std::convertible_to<bool>;
+concept has_name = requires { { B::name } -> std::convertible_to<std::string_view>; };
+template <class B>
+concept has_multi_process = requires { { B::multi_process } -> std::convertible_to<bool>; };
+template <class B>
+concept has_available = requires { { B::available } -> std::convertible_to<bool>; };
+template <class B>
+concept has_device = requires(const runtime::ProcessEnv& env) {
   { B::device(env) } -> std::same_as<torch::Device>;
+};
+template <class B>
+concept has_make_communicator = requires(const runtime::ProcessEnv& env, const AcceleratorOptions& opts) {
   { B::make_communicator(env, opts) } -> std::same_as<std::shared_ptr<runtime::Communicator>>;
 };
+}  // namespace backend::detail
+
+template <class B>
+concept BackendPolicy = backend::detail::has_name<B> && backend::detail::has_multi_process<B> &&
+                        backend::detail::has_available<B> && backend::detail::has_device<B> &&
+                        backend::detail::has_make_communicator<B>;
 
 template <class B>
 struct is_backend_policy : std::bool_constant<BackendPolicy<B>> {};
 template <class B>
 inline constexpr bool is_backend_policy_v = is_backend_policy<B>::value;
 
+/// A type with none of a backend's own members (every policy has a name) is
+/// not meant as one, say a precision in the wrong place: one message says
+/// which to use. A backend that lacks some gets one message per member.
 template <class B>
 struct check_backend_policy {
-  static_assert(is_backend_policy_v<B>,
+  static constexpr bool own_member = backend::detail::has_multi_process<B> || backend::detail::has_available<B> ||
+                                     backend::detail::has_device<B> || backend::detail::has_make_communicator<B>;
+  static_assert(own_member,
                 "accel: the Backend parameter of Accelerator is not a backend policy. Use "
                 "accel::backend::SingleDevice, Gloo, Mpi or Nccl (or see docs/backends.md to write one).");
+  static_assert(!own_member || backend::detail::has_name<B>,
+                "accel: this backend policy has no `static constexpr std::string_view name`. Add it "
+                "(docs/backends.md, \"Writing a backend\").");
+  static_assert(!own_member || backend::detail::has_multi_process<B>,
+                "accel: this backend policy has no `static constexpr bool multi_process`. Add it "
+                "(docs/backends.md, \"Writing a backend\").");
+  static_assert(!own_member || backend::detail::has_available<B>,
+                "accel: this backend policy has no `static constexpr bool available`. Add it "
+                "(docs/backends.md, \"Writing a backend\").");
+  static_assert(!own_member || backend::detail::has_device<B>,
+                "accel: this backend policy has no `static torch::Device device(const runtime::ProcessEnv&)`. "
+                "Add it (docs/backends.md, \"Writing a backend\").");
+  static_assert(!own_member || backend::detail::has_make_communicator<B>,
+                "accel: this backend policy has no `static std::shared_ptr<runtime::Communicator> "
+                "make_communicator(const runtime::ProcessEnv&, const AcceleratorOptions&)`. Add it "
+                "(docs/backends.md, \"Writing a backend\").");
   static constexpr bool value = is_backend_policy_v<B>;
 };
 
@@ -3188,24 +3251,49 @@ namespace accel {
 ///   static constexpr bool autocast;                  // forward runs under autocast
 ///   static constexpr at::ScalarType autocast_dtype;  // its lower-precision type
 ///   static constexpr bool loss_scaling;              // dynamic loss scaling (Fp16)
+namespace precision::detail {
+// One concept per member, so that check_precision_policy names the missing one.
 template <class P>
-concept PrecisionPolicy = requires {
-  { P::name } -> std::convertible_to<std::string_view>;
-  { P::autocast } -> std::convertible_to<bool>;
-  { P::autocast_dtype } -> std::convertible_to<at::ScalarType>;
-  { P::loss_scaling } -> std::convertible_to<bool>;
-};
+concept has_name = requires { { P::name } -> std::convertible_to<std::string_view>; };
+template <class P>
+concept has_autocast = requires { { P::autocast } -> std::convertible_to<bool>; };
+template <class P>
+concept has_autocast_dtype = requires { { P::autocast_dtype } -> std::convertible_to<at::ScalarType>; };
+template <class P>
+concept has_loss_scaling = requires { { P::loss_scaling } -> std::convertible_to<bool>; };
+}  // namespace precision::detail
+
+template <class P>
+concept PrecisionPolicy = precision::detail::has_name<P> && precision::detail::has_autocast<P> &&
+                          precision::detail::has_autocast_dtype<P> && precision::detail::has_loss_scaling<P>;
 
 template <class P>
 struct is_precision_policy : std::bool_constant<PrecisionPolicy<P>> {};
 template <class P>
 inline constexpr bool is_precision_policy_v = is_precision_policy<P>::value;
 
+/// A type with none of a precision's own members (every policy has a name)
+/// is not meant as one: one message says which to use. A precision that
+/// lacks some gets one message per member.
 template <class P>
 struct check_precision_policy {
-  static_assert(is_precision_policy_v<P>,
+  static constexpr bool own_member = precision::detail::has_autocast<P> || precision::detail::has_autocast_dtype<P> ||
+                                     precision::detail::has_loss_scaling<P>;
+  static_assert(own_member,
                 "accel: the Precision parameter of Accelerator is not a precision policy. Use "
                 "accel::precision::Fp32, Fp16 or Bf16.");
+  static_assert(!own_member || precision::detail::has_name<P>,
+                "accel: this precision policy has no `static constexpr std::string_view name`. Add it "
+                "(\"no\", \"fp16\" or \"bf16\", Accelerate's names).");
+  static_assert(!own_member || precision::detail::has_autocast<P>,
+                "accel: this precision policy has no `static constexpr bool autocast`. Add it (true: the "
+                "forward runs under autocast).");
+  static_assert(!own_member || precision::detail::has_autocast_dtype<P>,
+                "accel: this precision policy has no `static constexpr at::ScalarType autocast_dtype`. Add "
+                "it (the lower-precision type autocast uses).");
+  static_assert(!own_member || precision::detail::has_loss_scaling<P>,
+                "accel: this precision policy has no `static constexpr bool loss_scaling`. Add it (true: "
+                "dynamic loss scaling, as Fp16).");
   static constexpr bool value = is_precision_policy_v<P>;
 };
 
@@ -3851,12 +3939,19 @@ namespace accel {
 ///   static constexpr bool shards_optimizer_state;  // ZeRO-1
 ///   static constexpr bool shards_gradients;        // ZeRO-2
 ///   static constexpr bool shards_parameters;       // ZeRO-3 (optional: false when absent)
+namespace shard::detail {
+// One concept per member, so that check_shard_policy names the missing one.
 template <class S>
-concept ShardPolicy = requires {
-  { S::name } -> std::convertible_to<std::string_view>;
-  { S::shards_optimizer_state } -> std::convertible_to<bool>;
-  { S::shards_gradients } -> std::convertible_to<bool>;
-};
+concept has_name = requires { { S::name } -> std::convertible_to<std::string_view>; };
+template <class S>
+concept has_shards_optimizer_state = requires { { S::shards_optimizer_state } -> std::convertible_to<bool>; };
+template <class S>
+concept has_shards_gradients = requires { { S::shards_gradients } -> std::convertible_to<bool>; };
+}  // namespace shard::detail
+
+template <class S>
+concept ShardPolicy = shard::detail::has_name<S> && shard::detail::has_shards_optimizer_state<S> &&
+                      shard::detail::has_shards_gradients<S>;
 
 /// Whether S partitions the parameters themselves (ZeRO-3).
 template <class S>
@@ -3870,11 +3965,24 @@ struct is_shard_policy : std::bool_constant<ShardPolicy<S>> {};
 template <class S>
 inline constexpr bool is_shard_policy_v = is_shard_policy<S>::value;
 
+/// A type with none of a shard policy's own members (every policy has a
+/// name) is not meant as one: one message says which to use. A shard policy
+/// that lacks some gets one message per member.
 template <class S>
 struct check_shard_policy {
-  static_assert(is_shard_policy_v<S>,
+  static constexpr bool own_member =
+      shard::detail::has_shards_optimizer_state<S> || shard::detail::has_shards_gradients<S>;
+  static_assert(own_member,
                 "accel: the Shard parameter of Accelerator is not a shard policy. Use "
                 "accel::shard::Replicate, ShardOptimizer, ShardGradients or ShardParameters.");
+  static_assert(!own_member || shard::detail::has_name<S>,
+                "accel: this shard policy has no `static constexpr std::string_view name`. Add it.");
+  static_assert(!own_member || shard::detail::has_shards_optimizer_state<S>,
+                "accel: this shard policy has no `static constexpr bool shards_optimizer_state`. Add it "
+                "(true: ZeRO-1, each rank keeps 1/N of the optimizer state).");
+  static_assert(!own_member || shard::detail::has_shards_gradients<S>,
+                "accel: this shard policy has no `static constexpr bool shards_gradients`. Add it (true: "
+                "ZeRO-2, each rank keeps 1/N of the gradients).");
   static constexpr bool value = is_shard_policy_v<S>;
 };
 
@@ -4301,8 +4409,12 @@ struct policy_rules {
       is_backend_policy_v<B> && is_precision_policy_v<P> && is_shard_policy_v<S>;
   static constexpr bool nccl_ok = !std::is_same_v<B, backend::Nccl> || ACCEL_WITH_NCCL;
   static constexpr bool mpi_ok = !std::is_same_v<B, backend::Mpi> || ACCEL_WITH_MPI;
-  static constexpr bool shard_ok =
-      !(kinds_ok && !B::multi_process && (S::shards_optimizer_state || S::shards_gradients));
+  static constexpr bool shard_ok = [] {
+    if constexpr (kinds_ok)
+      return B::multi_process || !(S::shards_optimizer_state || S::shards_gradients);
+    else
+      return true;  // not policies: their own checks say so, B::multi_process may not exist
+  }();
   static constexpr bool value = kinds_ok && nccl_ok && mpi_ok && shard_ok;
 };
 
@@ -4317,6 +4429,11 @@ inline constexpr bool accelerator_policies_valid_v = detail::policy_rules<B, P, 
 template <class B, class P, class S>
 struct check_accelerator_policies {
   using rules = detail::policy_rules<B, P, S>;
+  // Each policy's own check first. Only a complete class runs its
+  // static_asserts (an initializer of a static member is not instantiated
+  // until used), and sizeof needs one: always true, no error of its own.
+  static_assert(sizeof(check_backend_policy<B>) && sizeof(check_precision_policy<P>) &&
+                sizeof(check_shard_policy<S>));
   static constexpr bool policies_ok = check_backend_policy<B>::value &&
                                       check_precision_policy<P>::value &&
                                       check_shard_policy<S>::value;
@@ -7495,9 +7612,9 @@ inline NamedTensors load_safetensors(const std::filesystem::path& path) {
 // end <accel/checkpoint/safetensors.hpp>
 // begin <accel/checkpoint/save_model.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines SaveModelOptions and the file side of save_model: a module's
-/// parameters and buffers to safetensors shards plus Hugging Face's index, and
-/// back into a module.
+/// @file Defines the file side of save_model: a module's parameters and
+/// buffers to safetensors shards plus Hugging Face's index, and back into a
+/// module (its options, SaveModelOptions, are in accel/options.hpp).
 #ifndef ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 #define ACCEL_CHECKPOINT_SAVE_MODEL_HPP
 
@@ -7521,22 +7638,6 @@ inline NamedTensors load_safetensors(const std::filesystem::path& path) {
 #include <system_error>
 #include <utility>
 #include <vector>
-
-namespace accel {
-
-/// Options of Accelerator::save_model.
-struct SaveModelOptions {
-  /// Largest shard, in Accelerate's units: "10GB"/"500MB"/"100KB" (powers of
-  /// 10), "2GiB"/"64MiB"/"512KiB" (powers of 2), a lowercase final b means bits
-  /// ("80Mb" = 10 MB), a plain integer is bytes. A tensor larger than this gets
-  /// a shard of its own.
-  std::string max_shard_size = "10GB";
-  /// Each file's header records the XXH64 of its data (metadata entry
-  /// accel.data_xxh64, ignored by other readers), checked when accel loads it.
-  bool checksum = true;
-};
-
-}  // namespace accel
 
 namespace accel::ckpt {
 
@@ -8917,9 +9018,16 @@ inline std::string indexed_name(const char* stem, std::size_t i, const char* ext
   return std::string(stem) + (i == 0 ? "" : "_" + std::to_string(i)) + ext;
 }
 
+/// Automatic checkpoints (ProjectConfiguration::automatic_checkpoint_naming)
+/// are directories checkpoint_<N> under <project_dir>/checkpoints.
+inline constexpr std::string_view kCheckpointPrefix = "checkpoint_";
+inline std::string checkpoint_dir_name(int64_t n) {
+  return std::string(kCheckpointPrefix) + std::to_string(n);
+}
+
 /// The checkpoint number of a directory named checkpoint_<N>.
 inline std::optional<int64_t> checkpoint_number(const std::string& name) {
-  constexpr std::string_view prefix = "checkpoint_";
+  constexpr std::string_view prefix = kCheckpointPrefix;
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
     return std::nullopt;
   const std::string digits = name.substr(prefix.size());
@@ -8980,18 +9088,50 @@ inline fs::path normal_dir(const fs::path& dir) {
   return p;
 }
 
+// --- The layout: one table of file names and keys for the writer
+// (write_process_files, save_state) and the reader (read_state,
+// load_latest_state). Renaming an entry breaks old checkpoints. ---
+
+inline std::string model_file(std::size_t i) { return indexed_name("model", i, ".safetensors"); }
 inline std::string optimizer_file(std::size_t i, int rank, bool per_rank) {
   return per_rank ? indexed_name("optimizer", i, ("_rank" + std::to_string(rank) + ".pt").c_str())
                   : indexed_name("optimizer", i, ".pt");
 }
-inline std::string optimizer_file(const StateRegistry& reg, std::size_t i, int rank) {
-  return optimizer_file(i, rank, reg.optimizer_per_rank);
+inline std::string scheduler_file(std::size_t i) { return indexed_name("scheduler", i, ".pt"); }
+inline std::string custom_file(std::size_t i) { return "custom_checkpoint_" + std::to_string(i) + ".pt"; }
+inline constexpr const char* kScalerFile = "scaler.json";
+inline std::string random_states_file(int rank) { return "random_states_" + std::to_string(rank) + ".pt"; }
+inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+inline std::string comm_hook_file(std::size_t i, int rank) {
+  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
-inline std::string random_states_file(int rank) {
-  return "random_states_" + std::to_string(rank) + ".pt";
-}
-inline std::string loaders_file(int rank) { return "loaders_" + std::to_string(rank) + ".json"; }
+/// The keys of accel_state.json (kStateFile), of the loaders_<rank>.json
+/// files and of scaler.json.
+namespace key {
+inline constexpr const char *format = "format", *format_version = "format_version",
+                            *accel_version = "accel_version", *world_size = "world_size",
+                            *micro_step = "micro_step", *optimizer_steps = "optimizer_steps",
+                            *checkpoint_iteration = "checkpoint_iteration", *models = "models",
+                            *models_skipped = "models_skipped", *optimizers = "optimizers",
+                            *optimizer_per_rank = "optimizer_per_rank",
+                            *partition_bucket_cap_mb = "partition_bucket_cap_mb",
+                            *shards_optimizer_state = "shards_optimizer_state",
+                            *partitions = "partitions", *schedulers = "schedulers",
+                            *loaders = "loaders", *custom_objects = "custom_objects",
+                            *comm_hook_states = "comm_hook_states", *loss_scaler = "loss_scaler",
+                            *checksums = "xxh64";
+// partitions[i]
+inline constexpr const char *bucket_numel = "bucket_numel", *bucket_group = "bucket_group",
+                            *groups = "groups";
+// loaders_<rank>.json: {rank, loaders: [{epoch, batches_yielded, samples_per_step}]}
+inline constexpr const char *rank = "rank", *epoch = "epoch", *batches_yielded = "batches_yielded",
+                            *samples_per_step = "samples_per_step";
+// scaler.json
+inline constexpr const char *scale = "scale", *growth_tracker = "growth_tracker";
+}  // namespace key
+
+// --- end of the layout ---
 
 /// The state of the prepared models' communication hooks that keep some
 /// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
@@ -9003,9 +9143,6 @@ inline std::vector<Archived> comm_hook_states(const StateRegistry& reg) {
       out.push_back(Archived{[hook](torch::serialize::OutputArchive& a) { hook->save(a); },
                              [hook](torch::serialize::InputArchive& a) { hook->load(a); }});
   return out;
-}
-inline std::string comm_hook_file(std::size_t i, int rank) {
-  return indexed_name("comm_hook", i, ("_rank" + std::to_string(rank) + ".pt").c_str());
 }
 
 /// Clears StateRegistry::models_skipped when a save or load ends, however it ends.
@@ -9024,13 +9161,13 @@ class SkippedModels {
 inline std::vector<std::string> main_files(const StateRegistry& reg) {
   std::vector<std::string> files;
   for (std::size_t i = 0; i < reg.models.size(); ++i)
-    if (!reg.models_skipped.count(i)) files.push_back(indexed_name("model", i, ".safetensors"));
+    if (!reg.models_skipped.count(i)) files.push_back(model_file(i));
   if (!reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, 0));
-  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(indexed_name("scheduler", i, ".pt"));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(i, 0, reg.optimizer_per_rank));
+  for (std::size_t i = 0; i < reg.schedulers.size(); ++i) files.push_back(scheduler_file(i));
   for (std::size_t i = 0; i < reg.custom.size(); ++i)
-    files.push_back("custom_checkpoint_" + std::to_string(i) + ".pt");
-  if (reg.scaler) files.push_back("scaler.json");
+    files.push_back(custom_file(i));
+  if (reg.scaler) files.push_back(kScalerFile);
   return files;
 }
 
@@ -9038,7 +9175,7 @@ inline std::vector<std::string> main_files(const StateRegistry& reg) {
 inline std::vector<std::string> own_files(const StateRegistry& reg, int rank) {
   std::vector<std::string> files;
   if (reg.optimizer_per_rank)
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(reg, i, rank));
+    for (std::size_t i = 0; i < reg.optimizers.size(); ++i) files.push_back(optimizer_file(i, rank, reg.optimizer_per_rank));
   files.push_back(random_states_file(rank));
   files.push_back(loaders_file(rank));
   for (std::size_t i = 0; i < comm_hook_states(reg).size(); ++i) files.push_back(comm_hook_file(i, rank));
@@ -9057,7 +9194,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   if (main) {
     for (std::size_t i = 0; i < reg.models.size(); ++i) {
       if (reg.models_skipped.count(i)) continue;  // a save_state pre-hook saves it
-      const std::string name = indexed_name("model", i, ".safetensors");
+      const std::string name = model_file(i);
       sums[name] = save_safetensors(stage / name, module_state(*reg.models[i]));
       crash_point("writing");
     }
@@ -9071,16 +9208,14 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     }
   };
   if (main || reg.optimizer_per_rank)
-    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(reg, i, rank); });
+    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
   archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
-    archive_all(reg.schedulers, [](std::size_t i) { return indexed_name("scheduler", i, ".pt"); });
-    archive_all(reg.custom, [](std::size_t i) {
-      return "custom_checkpoint_" + std::to_string(i) + ".pt";
-    });
+    archive_all(reg.schedulers, scheduler_file);
+    archive_all(reg.custom, custom_file);
     if (reg.scaler)
-      sums["scaler.json"] = write_json(stage / "scaler.json", {{"scale", reg.scaler->scale()},
-                                                               {"growth_tracker", reg.scaler->growth_tracker()}});
+      sums[kScalerFile] = write_json(stage / kScalerFile, {{key::scale, reg.scaler->scale()},
+                                                               {key::growth_tracker, reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);
@@ -9089,10 +9224,10 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& l : reg.loaders) {
     const auto c = l.position();
-    loaders.push_back({{"epoch", c.epoch}, {"batches_yielded", c.batches_yielded},
-                       {"samples_per_step", l.samples_per_step()}});
+    loaders.push_back({{key::epoch, c.epoch}, {key::batches_yielded, c.batches_yielded},
+                       {key::samples_per_step, l.samples_per_step()}});
   }
-  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{"rank", rank}, {"loaders", loaders}});
+  sums[loaders_file(rank)] = write_json(stage / loaders_file(rank), {{key::rank, rank}, {key::loaders, loaders}});
   return sums;
 }
 
@@ -9131,9 +9266,9 @@ inline nlohmann::json partitions_json(const StateRegistry& reg) {
       out.push_back(nullptr);
       continue;
     }
-    out.push_back({{"bucket_numel", p.whole.bucket_numel},
-                   {"bucket_group", p.whole.bucket_group},
-                   {"groups", p.whole.groups.size()}});
+    out.push_back({{key::bucket_numel, p.whole.bucket_numel},
+                   {key::bucket_group, p.whole.bucket_group},
+                   {key::groups, p.whole.groups.size()}});
   }
   return out;
 }
@@ -9389,23 +9524,23 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   const fs::path state_file = dir / kStateFile;
   ReadState s;
   s.meta = read_json(state_file);
-  ACCEL_CHECK(s.meta.value("format", "") == kStateFormat, "accel: '", state_file.string(),
+  ACCEL_CHECK(s.meta.value(key::format, "") == kStateFormat, "accel: '", state_file.string(),
               "' is not an accel save_state file. Pass a directory written by save_state().");
-  ACCEL_CHECK(json_field<int>(s.meta, "format_version", state_file) <= kStateFormatVersion,
+  ACCEL_CHECK(json_field<int>(s.meta, key::format_version, state_file) <= kStateFormatVersion,
               "accel: '", dir.string(), "' was written by a newer accel (checkpoint format ",
-              s.meta["format_version"].dump(), "). Load it with that version.");
-  const auto saved_world = json_field<int64_t>(s.meta, "world_size", state_file);
+              s.meta[key::format_version].dump(), "). Load it with that version.");
+  const auto saved_world = json_field<int64_t>(s.meta, key::world_size, state_file);
   const bool other_world = saved_world != comm.size();
   ACCEL_CHECK(saved_world >= 1, "accel: '", state_file.string(), "' records ", saved_world,
               " processes. Load a directory written by save_state().");
-  check_count(s.meta, "models", reg.models.size(), "models", state_file);
-  check_count(s.meta, "optimizers", reg.optimizers.size(), "optimizers", state_file);
-  check_count(s.meta, "schedulers", reg.schedulers.size(), "schedulers", state_file);
-  check_count(s.meta, "loaders", reg.loaders.size(), "data loaders", state_file);
-  check_count(s.meta, "custom_objects", reg.custom.size(), "registered objects", state_file);
+  check_count(s.meta, key::models, reg.models.size(), "models", state_file);
+  check_count(s.meta, key::optimizers, reg.optimizers.size(), "optimizers", state_file);
+  check_count(s.meta, key::schedulers, reg.schedulers.size(), "schedulers", state_file);
+  check_count(s.meta, key::loaders, reg.loaders.size(), "data loaders", state_file);
+  check_count(s.meta, key::custom_objects, reg.custom.size(), "registered objects", state_file);
   // Checkpoints from before communication hooks: none.
   const auto hooks = comm_hook_states(reg).size();
-  const auto saved_hooks = s.meta.contains("comm_hook_states") ? json_field<int64_t>(s.meta, "comm_hook_states", state_file) : 0;
+  const auto saved_hooks = s.meta.contains(key::comm_hook_states) ? json_field<int64_t>(s.meta, key::comm_hook_states, state_file) : 0;
   ACCEL_CHECK(saved_hooks == static_cast<int64_t>(hooks), "accel: the checkpoint '", dir.string(),
               "' holds the state of ", saved_hooks, " communication hooks (CommHook::PowerSGD) and "
               "this Accelerator's prepared models have ", hooks, ". Resume with the same "
@@ -9414,22 +9549,22 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
               saved_world, " processes but this run has ", comm.size(), "; CommHook::PowerSGD's error "
               "feedback and Q matrices are per process and cannot be mapped onto another number of "
               "processes. Resume with ", saved_world, " processes.");
-  ACCEL_CHECK(json_field<bool>(s.meta, "loss_scaler", state_file) == (reg.scaler != nullptr),
+  ACCEL_CHECK(json_field<bool>(s.meta, key::loss_scaler, state_file) == (reg.scaler != nullptr),
               "accel: the checkpoint '", dir.string(), "' was saved ",
               reg.scaler ? "without" : "with", " a loss scaler (precision::Fp16) and this "
               "Accelerator runs ", reg.scaler ? "with" : "without",
               " one. Resume with the same precision policy.");
-  const bool saved_per_rank = json_field<bool>(s.meta, "optimizer_per_rank", state_file);
+  const bool saved_per_rank = json_field<bool>(s.meta, key::optimizer_per_rank, state_file);
   // Checkpoints from before re-partitioning record only whether the state was per process.
-  const bool saved_shards = s.meta.contains("shards_optimizer_state")
-                                ? json_field<bool>(s.meta, "shards_optimizer_state", state_file)
+  const bool saved_shards = s.meta.contains(key::shards_optimizer_state)
+                                ? json_field<bool>(s.meta, key::shards_optimizer_state, state_file)
                                 : saved_per_rank;
   ACCEL_CHECK(saved_shards == reg.shards_optimizer_state && (other_world || saved_per_rank == reg.optimizer_per_rank),
               "accel: the checkpoint '", dir.string(), "' was saved with another shard policy "
               "(optimizer state per process or not). Resume with the same shard policy.");
-  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains("partition_bucket_cap_mb")) {
+  if (reg.optimizer_per_rank && saved_per_rank && s.meta.contains(key::partition_bucket_cap_mb)) {
     // Each rank's optimizer file holds its chunks of the gradient buckets.
-    const auto cap = json_field<double>(s.meta, "partition_bucket_cap_mb", state_file);
+    const auto cap = json_field<double>(s.meta, key::partition_bucket_cap_mb, state_file);
     ACCEL_CHECK(cap == reg.partition_bucket_cap_mb, "accel: the checkpoint '", dir.string(),
                 "' holds sharded optimizer state partitioned by buckets of ", cap,
                 " MB, and this run's bucket_cap_mb is ", reg.partition_bucket_cap_mb,
@@ -9441,7 +9576,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   const bool relayout = other_world && reg.shards_optimizer_state;
   std::vector<std::vector<SavedPartition>> sources(reg.optimizers.size());
   if (relayout) {
-    const auto saved = s.meta.find("partitions");
+    const auto saved = s.meta.find(key::partitions);
     for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
       const bool known = saved != s.meta.end() && saved->is_array() && saved->size() == reg.optimizers.size() &&
                          (*saved)[i].is_object() && i < reg.partitions.size() &&
@@ -9453,9 +9588,9 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
                   "state cannot be re-partitioned. Resume with ", saved_world, " processes.");
       const auto& whole = reg.partitions[i].whole;
       const auto& entry = (*saved)[i];
-      const auto numel = json_field<std::vector<int64_t>>(entry, "bucket_numel", state_file);
-      const auto group = json_field<std::vector<int>>(entry, "bucket_group", state_file);
-      const auto groups = json_field<std::size_t>(entry, "groups", state_file);
+      const auto numel = json_field<std::vector<int64_t>>(entry, key::bucket_numel, state_file);
+      const auto group = json_field<std::vector<int>>(entry, key::bucket_group, state_file);
+      const auto groups = json_field<std::size_t>(entry, key::groups, state_file);
       ACCEL_CHECK(numel == whole.bucket_numel && group == whole.bucket_group && groups == whole.groups.size(),
                   "accel: the checkpoint '", dir.string(), "' holds the sharded state of optimizer ", i,
                   " in ", numel.size(), " buckets of ", c10::IntArrayRef(numel), " elements, and this "
@@ -9496,7 +9631,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   for (const auto& f : files)
     if (!fs::is_regular_file(dir / f, ec)) missing.push_back(f);
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
-    const auto skipped = s.meta.find("models_skipped");
+    const auto skipped = s.meta.find(key::models_skipped);
     const bool skipped_at_save = skipped != s.meta.end() && skipped->is_array() &&
                                  std::find(skipped->begin(), skipped->end(), i) != skipped->end();
     ACCEL_CHECK(!skipped_at_save || reg.models_skipped.count(i), "accel: the checkpoint '", dir.string(),
@@ -9512,7 +9647,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
 
   // The checksums save_state recorded (none in checkpoints written before it recorded them).
   std::optional<Checksums> sums;
-  if (const auto it = s.meta.find("xxh64"); it != s.meta.end()) {
+  if (const auto it = s.meta.find(key::checksums); it != s.meta.end()) {
     sums.emplace();
     const bool valid = it->is_object() && std::all_of(it->begin(), it->end(), [&](const auto& v) {
       const auto value = v.is_string() ? from_hex(v.template get<std::string>()) : std::nullopt;
@@ -9534,7 +9669,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   s.models.resize(reg.models.size());
   for (std::size_t i = 0; i < reg.models.size(); ++i) {
     if (reg.models_skipped.count(i)) continue;  // a load_state pre-hook loads it
-    const std::string name = indexed_name("model", i, ".safetensors");
+    const std::string name = model_file(i);
     const fs::path f = dir / name;
     auto contents = read_safetensors(f);  // checks the data against the header's checksum
     if (const auto want = expected(name)) {
@@ -9551,7 +9686,7 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   s.optimizers.resize(reg.optimizers.size());
   for (std::size_t i = 0; i < reg.optimizers.size(); ++i) {
     if (!relayout) {
-      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(reg, i, rank);
+      const std::string name = other_world ? optimizer_file(i, 0, false) : optimizer_file(i, rank, reg.optimizer_per_rank);
       load_archive(s.optimizers[i], dir / name, expected(name), reg.state->device);
       continue;
     }
@@ -9565,12 +9700,12 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   }
   s.schedulers.resize(reg.schedulers.size());
   for (std::size_t i = 0; i < reg.schedulers.size(); ++i) {
-    const std::string name = indexed_name("scheduler", i, ".pt");
+    const std::string name = scheduler_file(i);
     load_archive(s.schedulers[i], dir / name, expected(name));
   }
   s.custom.resize(reg.custom.size());
   for (std::size_t i = 0; i < reg.custom.size(); ++i) {
-    const std::string name = "custom_checkpoint_" + std::to_string(i) + ".pt";
+    const std::string name = custom_file(i);
     load_archive(s.custom[i], dir / name, expected(name));
   }
   s.comm_hooks.resize(hooks);
@@ -9587,19 +9722,19 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
   {
     const fs::path f = dir / loader_positions;
     const auto j = read_json(f, expected(loader_positions));
-    const auto list_j = j.find("loaders");
+    const auto list_j = j.find(key::loaders);
     ACCEL_CHECK(list_j != j.end() && list_j->is_array() && list_j->size() == reg.loaders.size(),
                 "accel: the checkpoint file '", f.string(), "' does not hold ", reg.loaders.size(),
                 " loader positions. Load a directory written completely by save_state().");
     for (const auto& l : *list_j) {
-      data::LoaderCheckpoint c{json_field<int64_t>(l, "epoch", f), json_field<int64_t>(l, "batches_yielded", f)};
+      data::LoaderCheckpoint c{json_field<int64_t>(l, key::epoch, f), json_field<int64_t>(l, key::batches_yielded, f)};
       ACCEL_CHECK(c.batches_yielded >= 0 && c.epoch >= 0, "accel: the checkpoint file '", f.string(),
                   "' holds a negative loader position. Save the checkpoint again.");
       if (other_world && c.batches_yielded > 0) {
         // The same samples, in whole steps of this run (the epoch's order
         // does not depend on the number of processes).
         const std::size_t index = s.loaders.size();
-        const auto saved_step = l.contains("samples_per_step") ? json_field<int64_t>(l, "samples_per_step", f) : 0;
+        const auto saved_step = l.contains(key::samples_per_step) ? json_field<int64_t>(l, key::samples_per_step, f) : 0;
         const auto step = reg.loaders[index].samples_per_step();
         const auto samples = c.batches_yielded * saved_step;
         ACCEL_CHECK(saved_step > 0, "accel: the checkpoint '", dir.string(), "' was saved by ", saved_world,
@@ -9619,14 +9754,14 @@ inline ReadState read_state(StateRegistry& reg, const fs::path& dir) {
     }
   }
   if (reg.scaler) {
-    const fs::path f = dir / "scaler.json";
-    const auto j = read_json(f, expected("scaler.json"));
-    s.scaler.emplace(json_field<double>(j, "scale", f), json_field<int64_t>(j, "growth_tracker", f));
+    const fs::path f = dir / kScalerFile;
+    const auto j = read_json(f, expected(kScalerFile));
+    s.scaler.emplace(json_field<double>(j, key::scale, f), json_field<int64_t>(j, key::growth_tracker, f));
     ACCEL_CHECK(s.scaler->first > 0 && s.scaler->second >= 0, "accel: '", f.string(),
                 "' holds an invalid loss scale. Save the checkpoint again.");
   }
-  json_field<int64_t>(s.meta, "micro_step", state_file);
-  json_field<int64_t>(s.meta, "optimizer_steps", state_file);
+  json_field<int64_t>(s.meta, key::micro_step, state_file);
+  json_field<int64_t>(s.meta, key::optimizer_steps, state_file);
   return s;
 }
 
@@ -9743,7 +9878,7 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
     ACCEL_CHECK(!options.total_limit || *options.total_limit >= 1,
                 "accel: AcceleratorOptions::total_limit must be at least 1 (got ",
                 options.total_limit.value_or(0), "). Leave it unset to keep every checkpoint.");
-    target = base / ("checkpoint_" + std::to_string(reg.checkpoint_iteration));
+    target = base / checkpoint_dir_name(reg.checkpoint_iteration);
   } else {
     target = normal_dir(*dir);
   }
@@ -9802,26 +9937,26 @@ inline std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOpt
   if (main) {
     try {
       nlohmann::json meta = {
-          {"format", std::string(kStateFormat)},
-          {"format_version", kStateFormatVersion},
-          {"accel_version", version_string},
-          {"world_size", comm.size()},
-          {"micro_step", reg.state->micro_step},
-          {"optimizer_steps", reg.state->optimizer_steps},
-          {"checkpoint_iteration", automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
-          {"models", reg.models.size()},
-          {"models_skipped", reg.models_skipped},
-          {"optimizers", reg.optimizers.size()},
-          {"optimizer_per_rank", reg.optimizer_per_rank},
-          {"partition_bucket_cap_mb", reg.partition_bucket_cap_mb},
-          {"shards_optimizer_state", reg.shards_optimizer_state},
-          {"partitions", partitions_json(reg)},
-          {"schedulers", reg.schedulers.size()},
-          {"loaders", reg.loaders.size()},
-          {"custom_objects", reg.custom.size()},
-          {"comm_hook_states", comm_hook_states(reg).size()},
-          {"loss_scaler", reg.scaler != nullptr},
-          {"xxh64", checksums_json(sums)}};
+          {key::format, std::string(kStateFormat)},
+          {key::format_version, kStateFormatVersion},
+          {key::accel_version, version_string},
+          {key::world_size, comm.size()},
+          {key::micro_step, reg.state->micro_step},
+          {key::optimizer_steps, reg.state->optimizer_steps},
+          {key::checkpoint_iteration, automatic ? nlohmann::json(reg.checkpoint_iteration) : nlohmann::json()},
+          {key::models, reg.models.size()},
+          {key::models_skipped, reg.models_skipped},
+          {key::optimizers, reg.optimizers.size()},
+          {key::optimizer_per_rank, reg.optimizer_per_rank},
+          {key::partition_bucket_cap_mb, reg.partition_bucket_cap_mb},
+          {key::shards_optimizer_state, reg.shards_optimizer_state},
+          {key::partitions, partitions_json(reg)},
+          {key::schedulers, reg.schedulers.size()},
+          {key::loaders, reg.loaders.size()},
+          {key::custom_objects, reg.custom.size()},
+          {key::comm_hook_states, comm_hook_states(reg).size()},
+          {key::loss_scaler, reg.scaler != nullptr},
+          {key::checksums, checksums_json(sums)}};
       write_json(stage / kStateFile, meta);
       fsync_path(stage, true);
       crash_point("before_commit");
@@ -9883,8 +10018,8 @@ inline void apply_state(StateRegistry& reg, ReadState& s) {
   }
   if (reg.scaler) reg.scaler->load(s.scaler->first, s.scaler->second);
   if (s.generators) s.generators->apply();
-  reg.state->micro_step = s.meta.at("micro_step").get<int64_t>();
-  reg.state->optimizer_steps = s.meta.at("optimizer_steps").get<int64_t>();
+  reg.state->micro_step = s.meta.at(key::micro_step).get<int64_t>();
+  reg.state->optimizer_steps = s.meta.at(key::optimizer_steps).get<int64_t>();
   for (auto& seen : reg.scheduler_seen_steps) *seen = reg.state->optimizer_steps;
   for (std::size_t i = 0; i < reg.loaders.size(); ++i) reg.loaders[i].restore(s.loaders[i]);
 }
@@ -9924,7 +10059,7 @@ inline std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOpt
   apply_state(reg, s);
   if (number) {
     reg.checkpoint_iteration = *number + 1;
-  } else if (const auto it = s.meta.find("checkpoint_iteration");
+  } else if (const auto it = s.meta.find(key::checkpoint_iteration);
              it != s.meta.end() && it->is_number_integer()) {
     reg.checkpoint_iteration = it->get<int64_t>() + 1;
   }
@@ -9993,7 +10128,7 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
 
   std::exception_ptr newest_error;
   for (std::size_t i = 1; i < numbers.size(); ++i) {
-    const fs::path dir = base / ("checkpoint_" + std::to_string(numbers[i]));
+    const fs::path dir = base / checkpoint_dir_name(numbers[i]);
     std::exception_ptr err;
     ReadState s;
     const SkippedModels skipped(reg);
@@ -10738,7 +10873,7 @@ inline std::filesystem::path merge_traces(const std::filesystem::path& trace_dir
 #include <yaml-cpp/yaml.h>
 
 
-namespace accel::detail {
+namespace accel::detail::launch {
 
 /// Converts one value; every failure names file, line, key, what was found and
 /// what is allowed.
@@ -10845,7 +10980,7 @@ inline void write_text(const std::filesystem::path& path, const std::string& tex
                 ". Check that the directory is writable or pass another path.");
 }
 
-}  // namespace accel::detail
+}  // namespace accel::detail::launch
 
 #endif  // ACCEL_LAUNCH_DETAIL_CONFIG_KEYS_HPP
 // end <accel/launch/detail/config_keys.hpp>
@@ -10893,7 +11028,7 @@ struct LaunchConfig {
   std::vector<std::string> warnings;   ///< unknown and ignored keys, one message each
 };
 
-namespace detail {
+namespace detail::launch {
 /// The keys a file holds for `c`: Accelerate's, plus accel's `backend` when set.
 inline nlohmann::json to_json(const LaunchConfig& c) {
   nlohmann::json j;
@@ -10918,7 +11053,7 @@ inline nlohmann::json to_json(const LaunchConfig& c) {
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   return j;
 }
-}  // namespace detail
+}  // namespace detail::launch
 
 /// Where the config file lives: $ACCEL_CONFIG_FILE, else
 /// $XDG_CONFIG_HOME/accel/default_config.yaml, else ~/.config/accel/default_config.yaml.
@@ -11002,7 +11137,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
     throw ConfigError("accel: " + path.string() +
                       ": the top level must be a mapping of keys to values. Run `accel config` to "
                       "write a valid file.");
-  detail::ConfigReader r{path.string(), c.warnings};
+  detail::launch::ConfigReader r{path.string(), c.warnings};
   std::map<std::string, int> seen;  // key -> line: YAML readers disagree on duplicates
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
@@ -11010,7 +11145,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
     const int line = kv.first.Mark().line + 1;
     if (const auto [it, fresh] = seen.emplace(key, line); !fresh)
       throw ConfigError("accel: " + path.string() + ":" + std::to_string(line) + ": key '" +
-                        detail::ConfigReader::clipped(key) + "' appears twice (lines " +
+                        detail::launch::ConfigReader::clipped(key) + "' appears twice (lines " +
                         std::to_string(it->second) + " and " + std::to_string(line) +
                         "). Keep one of them.");
     if (v.IsNull()) continue;  // Accelerate drops None values; a null means "unset"
@@ -11065,8 +11200,8 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
       c.gpu_ids = r.string(key, v);
     } else if (key == "gradient_accumulation_steps") {
       c.gradient_accumulation_steps = r.integer(key, v, 1, 1 << 30);
-    } else if (detail::is_ignored_accelerate_key(key)) {
-      if (!detail::is_trivial(v))
+    } else if (detail::launch::is_ignored_accelerate_key(key)) {
+      if (!detail::launch::is_trivial(v))
         r.warn(key, line, "accel does not support this Accelerate feature; the key is ignored");
     } else {
       r.warn(key, line, "unknown key, ignored. Check its spelling (keys are Accelerate's)");
@@ -11084,7 +11219,7 @@ inline LaunchConfig read_config_file(const std::filesystem::path& path,
 /// Writes `c` as YAML (sorted keys, Accelerate's names; accel's `backend` only
 /// when set), creating parent directories and replacing an existing file.
 inline void write_config_file(const LaunchConfig& c, const std::filesystem::path& path) {
-  nlohmann::json j = detail::to_json(c);
+  nlohmann::json j = detail::launch::to_json(c);
   YAML::Emitter out;
   out << YAML::BeginMap;
   for (const auto& [k, v] : j.items()) {  // nlohmann::json keeps keys sorted
@@ -11094,7 +11229,7 @@ inline void write_config_file(const LaunchConfig& c, const std::filesystem::path
     else out << v.get<std::string>();
   }
   out << YAML::EndMap;
-  detail::write_text(path, std::string(out.c_str()) + "\n");
+  detail::launch::write_text(path, std::string(out.c_str()) + "\n");
 }
 
 /// Writes the basic config Accelerate's write_basic_config writes (JSON, sorted
@@ -11126,10 +11261,10 @@ inline void write_basic_config(std::string_view mixed_precision = "no",
     c.distributed_type = gpus > 1 ? DistributedType::MultiGpu : DistributedType::No;
   }
 #endif
-  nlohmann::json j = detail::to_json(c);
+  nlohmann::json j = detail::launch::to_json(c);
   j["tpu_use_cluster"] = false;  // Accelerate's ClusterConfig writes these defaults too
   j["tpu_use_sudo"] = false;
-  detail::write_text(where, j.dump(2) + "\n");
+  detail::launch::write_text(where, j.dump(2) + "\n");
 }
 
 }  // namespace accel
@@ -11695,7 +11830,7 @@ class AgentChannel {
 #include <utility>
 
 
-namespace accel::detail {
+namespace accel::detail::launch {
 
 using runtime::detail::bind_tcp;
 
@@ -11795,7 +11930,7 @@ inline int agree_on_free_port(const std::string& file, int node_rank, const std:
   }
 }
 
-}  // namespace accel::detail
+}  // namespace accel::detail::launch
 
 #endif  // ACCEL_LAUNCH_DETAIL_PORTS_HPP
 // end <accel/launch/detail/ports.hpp>
@@ -11954,7 +12089,7 @@ inline void check_reachable(const std::string& host, int port, std::chrono::mill
 /// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
 /// -1 with errno set when it is taken.
 inline int try_bind(const std::string& host, int port) {
-  const int fd = accel::detail::bind_tcp(host, port);
+  const int fd = bind_tcp(host, port);
   if (fd < 0) {
     errno = -fd;
     return -1;
@@ -11969,9 +12104,6 @@ inline int try_bind(const std::string& host, int port) {
 /// A port on host that is free now (the kernel's choice). It is released before
 /// the workers start, so another program could take it in between: rare, and
 /// the rendezvous then fails with the port in its message.
-using accel::detail::pick_free_port;
-using accel::detail::agree_on_free_port;
-using accel::detail::RemoveAtExit;
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no
@@ -12829,7 +12961,7 @@ class AgentServer final : public NodeAgent {
               std::chrono::seconds rdzv_timeout, std::ostream& log)
       : o_(std::move(o)), any_port_(any_port), deadline_(deadline), rdzv_timeout_(rdzv_timeout),
         log_(log), members_(static_cast<std::size_t>(o_.num_nodes), -1) {
-    const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port);
+    const int fd = bind_tcp(o_.master_addr, o_.master_port);
     if (fd < 0)
       throw Error("accel: machine 0 cannot host the rendezvous of the launchers on " + o_.master_addr +
                   ":" + std::to_string(o_.master_port) + " (" + std::strerror(-fd) + "). " +
@@ -12958,13 +13090,13 @@ class AgentServer final : public NodeAgent {
   /// free (the usual second port to open in a firewall), else a free port.
   int worker_port() const {
     if (!any_port_ && o_.master_port < 65535) {
-      const int fd = accel::detail::bind_tcp(o_.master_addr, o_.master_port + 1);
+      const int fd = bind_tcp(o_.master_addr, o_.master_port + 1);
       if (fd >= 0) {
         ::close(fd);
         return o_.master_port + 1;
       }
     }
-    return accel::detail::pick_free_port(o_.master_addr);
+    return pick_free_port(o_.master_addr);
   }
 
   void broadcast(const AgentMessage& m) {
@@ -16657,6 +16789,13 @@ class Accelerator {
     state_->gradient_accumulation_steps = options_.gradient_accumulation_steps;
     debug_ = runtime::detail::getenv_flag("ACCEL_DEBUG_MODE");
     if constexpr (Precision::loss_scaling) install_loss_scaler();
+    // What save_state() covers besides what prepare() and
+    // register_for_checkpointing() add: known now, set once.
+    registry_.state = state_;
+    registry_.scaler = scaler_;
+    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
+    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
+    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 
   Accelerator(const Accelerator&) = delete;
@@ -16983,7 +17122,6 @@ class Accelerator {
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: save_state", "accel.checkpoint");
-    sync_registry();
     with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
@@ -16991,7 +17129,6 @@ class Accelerator {
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
     profiling::Span span("accel: load_state", "accel.checkpoint");
-    sync_registry();
     with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
@@ -17003,7 +17140,6 @@ class Accelerator {
   /// checkpoint there. Every process must call it, after prepare() and
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
-    sync_registry();
     return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
@@ -17309,14 +17445,6 @@ class Accelerator {
         return result;
       }
     }
-  }
-
-  void sync_registry() {
-    registry_.state = state_;
-    registry_.scaler = scaler_;
-    registry_.shards_optimizer_state = Shard::shards_optimizer_state;
-    registry_.optimizer_per_rank = Shard::shards_optimizer_state && state_->comm->size() > 1;
-    registry_.partition_bucket_cap_mb = registry_.optimizer_per_rank ? options_.bucket_cap_mb : 0;
   }
 };
 
