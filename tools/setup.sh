@@ -15,9 +15,10 @@ packages=(
   libopenblas0-pthread                # without it LibTorch falls back to the slow reference BLAS
   libopenmpi-dev openmpi-bin          # backend::Mpi
   libboost-dev catch2 nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libstb-dev libfmt-dev
-  libspdlog-dev                       # accel::get_logger (logging/), header-only use
+  libspdlog-dev                       # accel::get_logger (logging/), linked as its compiled library
   protobuf-compiler procps xxhash     # tests: protoc reads TensorBoard files, pgrep finds leftover
-                                      # processes, xxhsum checks checkpoint checksums
+                                      # processes, xxhsum checks checkpoint checksums,
+  iproute2                            # ip and tc make cli.launch_netns's two-machine network
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch hyperfine); fi
 

@@ -24,3 +24,16 @@ if(TARGET accel_cli)
             ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_launch_rendezvous $<TARGET_FILE:accel_cli_probe>)
   set_tests_properties(cli.launch_rendezvous PROPERTIES TIMEOUT 180 LABELS cli PROCESSORS 2)
 endif()
+
+# Two machines on a simulated network (two network namespaces and a veth pair,
+# tests/cli/launch_netns.sh): needs root, SKIPs (77) where namespaces cannot
+# be created.
+if(TARGET accel_cli)
+  add_executable(accel_cli_netns_train ${CMAKE_CURRENT_SOURCE_DIR}/cli/netns_train.cpp)
+  target_link_libraries(accel_cli_netns_train PRIVATE accel::accel)
+  target_compile_options(accel_cli_netns_train PRIVATE -Wall -Wextra $<$<CONFIG:Release>:-O0>)
+  add_test(NAME cli.launch_netns
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/launch_netns.sh $<TARGET_FILE:accel_cli>
+            ${CMAKE_CURRENT_BINARY_DIR}/tmp/cli_launch_netns $<TARGET_FILE:accel_cli_netns_train>)
+  set_tests_properties(cli.launch_netns PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS cli PROCESSORS 2)
+endif()
