@@ -67,6 +67,9 @@ set +e
 unshare --mount --propagation private -- bash -c '
   set -e
   root=$1; shift
+  # The root a mount point, so that `ip netns exec` (cli.launch_netns) can
+  # make "/" a slave mount inside the chroot.
+  mount --bind "$root" "$root"
   mount -t proc proc "$root/proc"
   mount -t sysfs sys "$root/sys"
   mount --rbind /dev "$root/dev"
