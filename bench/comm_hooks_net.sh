@@ -10,7 +10,8 @@
 #
 # Traffic goes only between the two namespaces (10.231.77.1 and .2). Each
 # contender checks W's step-0 loss; prints every RESULT line (see w_ddp.cpp)
-# and a table of median ms/step with the ratio to Python DDP with the same hook.
+# and a table: ms/step min and median, the bytes machine 0 put on the veth per
+# step, the final loss, and the ratio to Python DDP with the same hook.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build-bench}" && pwd)
@@ -45,30 +46,47 @@ done
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(getconf _NPROCESSORS_ONLN), veth rate $rate each way"
+tx_bytes() {  # bytes sent so far by machine 0's end of the veth
+  ip netns exec "${ns[0]}" cat /proc/net/dev | sed 's/:/ /' | awk -v d="${dev[0]}" '$1 == d { print $10 }'
+}
 run() {  # [--optional] label command...: rank 0 in namespace a, rank 1 in namespace b
   local optional=0
   [[ $1 == --optional ]] && { optional=1; shift; }
-  local label=$1 port=$((29800 + RANDOM % 100))
+  local label=$1 port=$((29800 + RANDOM % 100)) limit=180
   shift
+  # W takes under 30 s here. An optional contender that hangs (PyTorch
+  # 1.13's powerSGD_hook over Gloo did, 2026-12-07) is stopped sooner.
+  ((optional)) && limit=120
   for i in 1 0; do
     ip netns exec "${ns[$i]}" env RANK=$i WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
       MASTER_ADDR="${ip[0]}" MASTER_PORT=$port GLOO_SOCKET_IFNAME="${dev[$i]}" \
-      timeout 900 "$@" >"$log/$i.out" 2>&1 &
+      timeout "$limit" "$@" >"$log/$i.out" 2>&1 &
     pids[$i]=$!
   done
-  local rc=0
+  local rc=0 tx0
+  tx0=$(tx_bytes)
   wait "${pids[0]}" || rc=$?
   wait "${pids[1]}" || rc=$?
-  if ((rc != 0)) || ! grep -q '^RESULT' "$log/0.out"; then
+  # Python DDP's processes once printed their result and then hung on exit
+  # (2026-12-07): the result stands, the hang is reported.
+  if ((rc != 0)) && grep -q '^RESULT' "$log/0.out"; then
+    echo "note: $label printed its result but did not exit cleanly (status $rc)"
+  elif ((rc != 0)) || ! grep -q '^RESULT' "$log/0.out"; then
     if ((optional)); then
-      echo "$label failed: $(grep -h -m1 -E 'Error|enforce|what\(\)' "$log/0.out" "$log/1.out" | head -n 1)"
+      if ((rc == 124)); then
+        echo "$label hung: no result after $limit s, stopped"
+      else
+        echo "$label failed: $(grep -h -m1 -E 'Error|enforce|what\(\)' "$log/0.out" "$log/1.out" | head -n 1)"
+      fi
       return 0
     fi
     tail -n 15 "$log/0.out" "$log/1.out" >&2
     echo "comm_hooks_net.sh: $label failed" >&2
     exit 1
   fi
-  grep '^RESULT' "$log/0.out" | tee -a "$log/results"
+  # The bytes machine 0 put on the veth over the whole run (rendezvous,
+  # initial broadcast, 33 steps), per step.
+  echo "$(grep '^RESULT' "$log/0.out") $(( ($(tx_bytes) - tx0) / 33 ))" | tee -a "$log/results"
 }
 for ((r = 1; r <= rounds; r++)); do
   echo "-- round $r"
@@ -78,31 +96,52 @@ for ((r = 1; r <= rounds; r++)); do
       run "accel $hook" "$bin" env
     else
       # PyTorch's bf16_compress_hook refuses to run without CUDA 11+ and NCCL 2.10+.
-      # (PyTorch 1.13's powerSGD_hook over Gloo crashed here: its ranks issued
-      # all-reduces of different sizes; recorded as failed, not fatal.)
+      # (PyTorch 1.13's powerSGD_hook over Gloo crashed here, its ranks issuing
+      # all-reduces of different sizes, or hung: recorded, not fatal.)
       [[ $hook == bf16 ]] || run --optional "python $hook" "$python" "$root/bench/w_ddp.py" --env --hook "$hook"
       run "accel $hook" "$bin" env "hook=$hook"
     fi
   done
 done
 echo
-echo "median ms/step over all windows of all rounds (rate $rate):"
+echo "rate $rate: ms/step min and median over all 10-step windows of all rounds, MB machine 0"
+echo "sent per step (veth; the run's total / 33 steps) and final loss (step 32), medians of the runs:"
 awk '
-  { name = $2; n[name]++; v[name, n[name]] = $4 }
+  # Fields: RESULT name min median loss0 loss32 gate - - w1 w2 w3 bytes/step
+  # (accel: buckets and launched-in-backward instead of the two dashes).
+  { name = $2; n[name]++; ls[name, n[name]] = $6; by[name, n[name]] = $NF / 1e6
+    for (w = 10; w <= 12; w++) win[name, ++nw[name]] = $w }
   END {
     split("none fp16 bf16 powersgd", hooks, " ")
-    printf "%-10s %14s %14s %10s\n", "hook", "python DDP", "accel", "accel/DDP"
+    printf "%-9s | %-34s | %-34s | %s\n", "", "python DDP (same hook)", "accel", ""
+    printf "%-9s | %7s %7s %8s %9s | %7s %7s %8s %9s | %s\n", "hook", "min", "median", "MB/step",
+           "loss", "min", "median", "MB/step", "loss", "accel/DDP"
     for (h = 1; h <= 4; h++) {
       py = (hooks[h] == "none") ? "python_ddp_gloo" : "python_ddp_gloo_" hooks[h]
       ac = (hooks[h] == "none") ? "accel_env" : "accel_env_" hooks[h]
-      mp = med(py); ma = med(ac)
-      if (mp > 0) printf "%-10s %14.1f %14.1f %10.2f\n", hooks[h], mp, ma, ma / mp
-      else printf "%-10s %14s %14.1f %10s\n", hooks[h], "n/a", ma, "-"
+      line = sprintf("%-9s | ", hooks[h])
+      if (n[py]) line = line sprintf("%7.1f %7.1f %8.2f %9.6f | ", wmin(py), wmed(py), med(by, py), med(ls, py))
+      else line = line sprintf("%34s | ", "n/a")
+      line = line sprintf("%7.1f %7.1f %8.2f %9.6f | ", wmin(ac), wmed(ac), med(by, ac), med(ls, ac))
+      line = line (n[py] ? sprintf("%.2f", wmed(ac) / wmed(py)) : "-")
+      print line
     }
   }
-  function med(name,   i, j, k, a, t) {
-    k = n[name]
-    for (i = 1; i <= k; i++) a[i] = v[name, i]
-    for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return k ? a[int((k + 1) / 2)] : 0
+  function wmin(name,   i, m) {
+    m = win[name, 1]
+    for (i = 2; i <= nw[name]; i++) if (win[name, i] < m) m = win[name, i]
+    return m
+  }
+  function wmed(name,   i, b) {
+    for (i = 1; i <= nw[name]; i++) b[i] = win[name, i]
+    return median(b, nw[name])
+  }
+  function med(a, name,   i, b) {
+    for (i = 1; i <= n[name]; i++) b[i] = a[name, i]
+    return median(b, n[name])
+  }
+  function median(b, k,   i, j, t) {
+    for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (b[j] < b[i]) { t = b[i]; b[i] = b[j]; b[j] = t }
+    if (!k) return 0
+    return (k % 2) ? b[(k + 1) / 2] : (b[k / 2] + b[k / 2 + 1]) / 2
   }' "$log/results"
