@@ -9027,10 +9027,9 @@ inline std::string checkpoint_dir_name(int64_t n) {
 
 /// The checkpoint number of a directory named checkpoint_<N>.
 inline std::optional<int64_t> checkpoint_number(const std::string& name) {
-  constexpr std::string_view prefix = kCheckpointPrefix;
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+  if (name.size() <= kCheckpointPrefix.size() || name.compare(0, kCheckpointPrefix.size(), kCheckpointPrefix) != 0)
     return std::nullopt;
-  const std::string digits = name.substr(prefix.size());
+  const std::string digits = name.substr(kCheckpointPrefix.size());
   if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
         return c >= '0' && c <= '9';
       }))
@@ -9215,7 +9214,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     archive_all(reg.custom, custom_file);
     if (reg.scaler)
       sums[kScalerFile] = write_json(stage / kScalerFile, {{key::scale, reg.scaler->scale()},
-                                                               {key::growth_tracker, reg.scaler->growth_tracker()}});
+                                                           {key::growth_tracker, reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);
@@ -11835,7 +11834,8 @@ namespace accel::detail::launch {
 using runtime::detail::bind_tcp;
 
 /// A port that is free on addr now (the kernel's choice for port 0). Another
-/// process may take it before we use it; the window is short.
+/// process may take it before we use it; the window is short, and the
+/// rendezvous then fails with the port in its message.
 inline int pick_free_port(const std::string& addr = "127.0.0.1") {
   const int fd = bind_tcp(addr, 0);
   if (fd < 0)
@@ -12100,10 +12100,6 @@ inline int try_bind(const std::string& host, int port) {
   ::close(fd);
   return rc == 0 ? ntohs(addr.sin_port) : -1;
 }
-
-/// A port on host that is free now (the kernel's choice). It is released before
-/// the workers start, so another program could take it in between: rare, and
-/// the rendezvous then fails with the port in its message.
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no

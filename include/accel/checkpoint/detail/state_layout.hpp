@@ -48,10 +48,9 @@ inline std::string checkpoint_dir_name(int64_t n) {
 
 /// The checkpoint number of a directory named checkpoint_<N>.
 inline std::optional<int64_t> checkpoint_number(const std::string& name) {
-  constexpr std::string_view prefix = kCheckpointPrefix;
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+  if (name.size() <= kCheckpointPrefix.size() || name.compare(0, kCheckpointPrefix.size(), kCheckpointPrefix) != 0)
     return std::nullopt;
-  const std::string digits = name.substr(prefix.size());
+  const std::string digits = name.substr(kCheckpointPrefix.size());
   if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) {
         return c >= '0' && c <= '9';
       }))
@@ -236,7 +235,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     archive_all(reg.custom, custom_file);
     if (reg.scaler)
       sums[kScalerFile] = write_json(stage / kScalerFile, {{key::scale, reg.scaler->scale()},
-                                                               {key::growth_tracker, reg.scaler->growth_tracker()}});
+                                                           {key::growth_tracker, reg.scaler->growth_tracker()}});
   }
   torch::serialize::OutputArchive rng;
   save_generators(rng);

@@ -27,7 +27,8 @@ namespace accel::detail::launch {
 using runtime::detail::bind_tcp;
 
 /// A port that is free on addr now (the kernel's choice for port 0). Another
-/// process may take it before we use it; the window is short.
+/// process may take it before we use it; the window is short, and the
+/// rendezvous then fails with the port in its message.
 inline int pick_free_port(const std::string& addr = "127.0.0.1") {
   const int fd = bind_tcp(addr, 0);
   if (fd < 0)

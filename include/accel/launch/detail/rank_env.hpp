@@ -170,10 +170,6 @@ inline int try_bind(const std::string& host, int port) {
   return rc == 0 ? ntohs(addr.sin_port) : -1;
 }
 
-/// A port on host that is free now (the kernel's choice). It is released before
-/// the workers start, so another program could take it in between: rare, and
-/// the rendezvous then fails with the port in its message.
-
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
 /// the CUDA runtime loads it on its first call, and a forked child can then no
 /// longer use CUDA. Reading the maps never initialises CUDA itself, which no
