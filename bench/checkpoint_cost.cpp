@@ -12,6 +12,7 @@
 // copied (just written), as they are when a job resumes on the same machine
 // right away; save includes fsync, so it pays the disk.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>

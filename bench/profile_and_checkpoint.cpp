@@ -12,6 +12,8 @@
 //
 //   profile_and_checkpoint [hidden=1024] [layers=24] [batch=256] [steps=10]
 #include <accel/accelerator.hpp>
+#include <accel/profiling.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/memory/checkpoint.hpp>
 

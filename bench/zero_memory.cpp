@@ -24,6 +24,8 @@
 //
 //   zero_memory ... [processes] [only]   only: the policies whose name starts so
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/runtime/counting_communicator.hpp>
 

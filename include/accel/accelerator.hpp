@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <iostream>
 #include <memory>
@@ -19,14 +20,14 @@
 
 #include <torch/torch.h>
 
-#include <accel/backend.hpp>
-#include <accel/checkpoint/save_model.hpp>
+#include <accel/backend/concept.hpp>
+#include <accel/backend/single_device.hpp>
+#include <accel/checkpoint/state_registry.hpp>
 #include <accel/comm.hpp>
-#include <accel/checkpoint/latest_state.hpp>
-#include <accel/checkpoint/save_state.hpp>
 #include <accel/compatibility.hpp>
 #include <accel/data.hpp>
 #include <accel/detail/cores.hpp>
+#include <accel/detail/deferred.hpp>
 #include <accel/detail/training_state.hpp>
 #include <accel/errors.hpp>
 #include <accel/ops/batch_size.hpp>
@@ -39,13 +40,28 @@
 #include <accel/precision.hpp>
 #include <accel/prepare.hpp>
 #include <accel/profiling/events.hpp>
-#include <accel/profiling/trace.hpp>
 #include <accel/runtime/process_env.hpp>
 #include <accel/shard.hpp>
 #include <accel/shard/detail/bucket_reducer.hpp>
 #include <accel/shard/detail/zero_binding.hpp>
 #include <accel/tracking/progress.hpp>
-#include <accel/tracking/trackers.hpp>
+#include <accel/tracking/tracker_options.hpp>
+#include <accel/tracking/value.hpp>
+
+// Declared only: save_state() and its kin, init_trackers() and log(), and
+// profile() reach these through detail::deferred_t, so their headers (the
+// checkpoint writer and reader, the trackers, LibTorch's profiler) are
+// compiled only where they are included (checkpoint.hpp, tracking.hpp,
+// profiling.hpp, accel.hpp) and those members are called.
+namespace accel::ckpt {
+struct StateIo;
+}  // namespace accel::ckpt
+namespace accel::tracking {
+class Trackers;
+}  // namespace accel::tracking
+namespace accel::profiling {
+class Trace;
+}  // namespace accel::profiling
 
 namespace accel {
 
@@ -100,6 +116,10 @@ template <class Backend = backend::SingleDevice, class Precision = precision::Fp
 class Accelerator {
   // Instantiates the checks: their own static_asserts carry the messages.
   static_assert(check_accelerator_policies<Backend, Precision, Shard>::checked);
+  // Areas whose headers only the members that use them need (see the
+  // declarations above the class): checkpoint/state_io.hpp, tracking/trackers.hpp.
+  using state_io = detail::deferred_t<ckpt::StateIo, Backend>;
+  using trackers_type = detail::deferred_t<tracking::Trackers, Backend>;
 
  public:
   using backend_type = Backend;
@@ -370,7 +390,10 @@ class Accelerator {
   /// lives and writes trace_dir/trace_rank<r>.json (Chrome trace) when it
   /// goes; profiling::merge_traces makes one trace of all ranks.
   [[nodiscard]] auto profile(std::filesystem::path trace_dir) {
-    return profiling::Trace(std::move(trace_dir), process_index());
+    using trace = detail::deferred_t<profiling::Trace, Backend>;
+    static_assert(detail::complete_type<trace>,
+                  "accel: profile() needs #include <accel/profiling.hpp> (or <accel/accel.hpp>).");
+    return trace(std::move(trace_dir), process_index());
   }
 
   class MainProcessFirst {
@@ -428,16 +451,16 @@ class Accelerator {
   template <class M>
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     state_->finalize_gradients();
     // Without ShardParameters there is nothing to gather: every rank holds its parameters.
     const auto gathers = parameter_gathers();
     const ReleaseParameters release{gathers};
-    const auto err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                                    [&](const torch::Tensor& t) {
-                                                      for (auto* g : gathers) g->gather_holding(t);
-                                                    });
-    ckpt::detail::agree(*state_->comm, err, "save_model",
-                        "the main process writes the files, this one wrote none");
+    state_io::save_model(*state_->comm, *model.get(), dir, opts, is_main_process(),
+                         [&](const torch::Tensor& t) {
+                           for (auto* g : gathers) g->gather_holding(t);
+                         });
   }
 
   /// A loader sharing `loader`'s position whose next loop leaves out the first
@@ -460,15 +483,19 @@ class Accelerator {
   /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     profiling::Span span("accel: save_state", "accel.checkpoint");
-    with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
+    with_whole_parameters(false, [&] { state_io::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     profiling::Span span("accel: load_state", "accel.checkpoint");
-    with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
+    with_whole_parameters(true, [&] { state_io::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
   /// Resumes from the newest complete checkpoint under project_dir/checkpoints
@@ -479,7 +506,9 @@ class Accelerator {
   /// checkpoint there. Every process must call it, after prepare() and
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
-    return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
+    return with_whole_parameters(true, [&] { return state_io::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
@@ -508,14 +537,23 @@ class Accelerator {
   /// process calls it; only the main process writes.
   void init_trackers(const std::string& project_name, const tracking::Config& config = {},
                      tracking::TrackerOptions which = {}) {
-    trackers_.init(options_.project_dir, project_name, config, which, is_main_process());
+    trackers().init(options_.project_dir, project_name, config, which, is_main_process());
   }
   /// Logs values at step (default: the count of earlier log() calls) from the
   /// main process; the others return at once.
   void log(const tracking::Values& values, std::optional<int64_t> step = {}) {
-    trackers_.log(values, step);
+    trackers().log(values, step);
   }
-  tracking::Trackers& trackers() { return trackers_; }
+  trackers_type& trackers() {
+    static_assert(detail::complete_type<trackers_type>,
+                  "accel: init_trackers(), log() and trackers() need #include <accel/tracking.hpp> "
+                  "(or <accel/accel.hpp>).");
+    if (!trackers_) {
+      trackers_ = std::make_shared<trackers_type>();
+      finish_trackers_ = [t = trackers_.get()] { t->finish(); };
+    }
+    return *trackers_;
+  }
   /// A progress bar drawn by the local main process only, and only on a
   /// terminal (ACCEL_DISABLE_PROGRESS=1 or options.enabled = false turn it off).
   [[nodiscard]] tracking::ProgressBar progress(int64_t total, std::string description = {},
@@ -526,7 +564,7 @@ class Accelerator {
 
   /// Closes the trackers' files, then waits for every process.
   void end_training() {
-    trackers_.finish();
+    if (finish_trackers_) finish_trackers_();
     wait_for_everyone();
   }
 
@@ -612,43 +650,54 @@ class Accelerator {
     auto* module = detail::module_ptr(model);
     module->to(state_->device);
     std::shared_ptr<shard::detail::GradientSync> sync;
-    if (state_->comm->size() > 1) {
-      broadcast_from_main(detail::unique_tensors(module->parameters()));
-      broadcast_from_main(module->buffers());
-      auto trainable = detail::trainable_parameters(*module);
-      const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-      auto sync_now = detail::TrainingState::sync_flag(state_);
-      if constexpr (Shard::shards_optimizer_state) {
-        std::optional<shard::detail::ParameterUnits> units;
-        if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
-        auto zero = std::make_shared<shard::detail::ZeroReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook(), std::move(units), prefetch_parameters());
-        if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(*module, zero);
-        state_->sharded.push_back(zero);
-        sync = std::move(zero);
-      } else {
-        sync = std::make_shared<shard::detail::BucketReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now,
-            make_comm_hook());
-      }
-    } else {
-      sync = std::make_shared<shard::detail::NoSync>();
+    // A single-process backend never instantiates the reducers, the hooks or
+    // the broadcast: code it cannot run is not compiled into its users.
+    if constexpr (Backend::multi_process) {
+      if (state_->comm->size() > 1) sync = synchronise_replicas(*module);
     }
+    if (!sync) sync = std::make_shared<shard::detail::NoSync>();
     state_->syncs.push_back(sync);
     registry_.add_model(model);
     return PreparedModel<M>(std::move(model), state_, std::move(sync), Precision::autocast,
                             Precision::autocast_dtype);
   }
 
+  // Several processes: replicas start equal (rank 0's values), and the
+  // shard policy's reducer synchronises their gradients from then on.
+  std::shared_ptr<shard::detail::GradientSync> synchronise_replicas(torch::nn::Module& module) {
+    broadcast_from_main(detail::unique_tensors(module.parameters()));
+    broadcast_from_main(module.buffers());
+    auto trainable = detail::trainable_parameters(module);
+    const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    auto sync_now = detail::TrainingState::sync_flag(state_);
+    if constexpr (Shard::shards_optimizer_state) {
+      std::optional<shard::detail::ParameterUnits> units;
+      if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(module, trainable);
+      auto zero = std::make_shared<shard::detail::ZeroReducer>(
+          std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
+          make_comm_hook(), std::move(units), prefetch_parameters());
+      if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(module, zero);
+      state_->sharded.push_back(zero);
+      return zero;
+    } else {
+      return std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
+                                                            bucket_bytes, overlap_gradient_sync(),
+                                                            sync_now, make_comm_hook());
+    }
+  }
+
   template <class L>
   L prepare_loader(L loader) {
     // Its own position, shared with the copies the user iterates (save_state).
-    if (state_->comm->size() > 1)
-      loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
-                                              options_.even_batches});
-    else
-      loader = loader.detached();
+    bool sharded = false;
+    if constexpr (Backend::multi_process) {
+      if (state_->comm->size() > 1) {
+        loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
+                                                options_.even_batches});
+        sharded = true;
+      }
+    }
+    if (!sharded) loader = loader.detached();
     loader.set_device(state_->device);
     registry_.add_loader(loader);
     return loader;
@@ -744,7 +793,10 @@ class Accelerator {
   bool debug_ = false;
   ckpt::StateRegistry registry_;  ///< what save_state() covers
   comm::HookFunction user_hook_;  ///< register_comm_hook()
-  tracking::Trackers trackers_;          ///< init_trackers()/log()
+  // init_trackers()/log(): made by the first call, so that an Accelerator
+  // that never tracks needs no trackers.hpp.
+  std::shared_ptr<trackers_type> trackers_;
+  std::function<void()> finish_trackers_;
 
   std::vector<shard::detail::ParameterGather*> parameter_gathers() const {
     std::vector<shard::detail::ParameterGather*> out;

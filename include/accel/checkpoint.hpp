@@ -11,6 +11,7 @@
 #include <accel/checkpoint/save_model.hpp>
 #include <accel/checkpoint/save_state.hpp>
 #include <accel/checkpoint/state_hooks.hpp>
+#include <accel/checkpoint/state_io.hpp>
 #include <accel/checkpoint/state_registry.hpp>
 
 #endif  // ACCEL_CHECKPOINT_HPP

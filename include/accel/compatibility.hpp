@@ -7,10 +7,17 @@
 
 #include <type_traits>
 
-#include <accel/backend.hpp>
+#include <accel/backend/concept.hpp>
 #include <accel/config.hpp>
 #include <accel/precision.hpp>
 #include <accel/shard.hpp>
+
+// Named by the rules below, not used: their headers (and c10d, Gloo, MPI)
+// come with the user's choice of them, not with every Accelerator.
+namespace accel::backend {
+struct Mpi;
+struct Nccl;
+}  // namespace accel::backend
 
 namespace accel {
 

@@ -21,6 +21,7 @@
 #include <boost/hana/type.hpp>
 
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/config_file.hpp>
 
 namespace accel {

@@ -5,6 +5,7 @@
 #define ACCEL_TRACKING_HPP
 
 #include <accel/tracking/progress.hpp>
+#include <accel/tracking/tracker_options.hpp>
 #include <accel/tracking/trackers.hpp>
 #include <accel/tracking/value.hpp>
 

@@ -4398,6 +4398,13 @@ class Unit : public torch::nn::ModuleHolder<UnitImpl<Holder>> {
 #include <type_traits>
 
 
+// Named by the rules below, not used: their headers (and c10d, Gloo, MPI)
+// come with the user's choice of them, not with every Accelerator.
+namespace accel::backend {
+struct Mpi;
+struct Nccl;
+}  // namespace accel::backend
+
 namespace accel {
 
 namespace detail {
@@ -10170,6 +10177,52 @@ inline std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg
 
 #endif  // ACCEL_CHECKPOINT_LATEST_STATE_HPP
 // end <accel/checkpoint/latest_state.hpp>
+// begin <accel/checkpoint/state_io.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::ckpt::StateIo, what Accelerator's save_state(),
+/// load_state(), load_latest_state() and save_model() call. accelerator.hpp
+/// only declares it: a translation unit compiles the checkpoint writer and
+/// reader when it includes this header (through checkpoint.hpp or accel.hpp).
+#ifndef ACCEL_CHECKPOINT_STATE_IO_HPP
+#define ACCEL_CHECKPOINT_STATE_IO_HPP
+
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include <torch/torch.h>
+
+
+namespace accel::ckpt {
+
+struct StateIo {
+  static std::filesystem::path save_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                          std::optional<std::filesystem::path> dir) {
+    return ckpt::save_state(reg, options, std::move(dir));
+  }
+  static std::filesystem::path load_state(StateRegistry& reg, const AcceleratorOptions& options,
+                                          std::optional<std::filesystem::path> dir) {
+    return ckpt::load_state(reg, options, std::move(dir));
+  }
+  static std::optional<std::filesystem::path> load_latest_state(StateRegistry& reg,
+                                                                const AcceleratorOptions& options) {
+    return ckpt::load_latest_state(reg, options);
+  }
+  /// The main process writes; every process makes the model's tensors
+  /// readable in the writer's order, and all throw the same error.
+  static void save_model(runtime::Communicator& comm, const torch::nn::Module& module,
+                         const std::filesystem::path& dir, const SaveModelOptions& options,
+                         bool main, const BeforeRead& make_readable) {
+    const auto err = save_module_collectively(module, dir, options, main, make_readable);
+    detail::agree(comm, err, "save_model", "the main process writes the files, this one wrote none");
+  }
+};
+
+}  // namespace accel::ckpt
+
+#endif  // ACCEL_CHECKPOINT_STATE_IO_HPP
+// end <accel/checkpoint/state_io.hpp>
 
 #endif  // ACCEL_CHECKPOINT_HPP
 // end <accel/checkpoint.hpp>
@@ -14143,6 +14196,7 @@ auto share(A&& a) {
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <iostream>
 #include <memory>
@@ -14155,6 +14209,35 @@ auto share(A&& a) {
 
 #include <torch/torch.h>
 
+// begin <accel/detail/deferred.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel::detail::deferred_t and complete_type: how the
+/// Accelerator names a class of an area it does not include (the checkpoint
+/// writer and reader, the trackers), so that only a translation unit that calls
+/// into that area compiles its header.
+#ifndef ACCEL_DETAIL_DEFERRED_HPP
+#define ACCEL_DETAIL_DEFERRED_HPP
+
+namespace accel::detail {
+
+/// T, named so that it depends on D: in a member of a class template over D,
+/// T's members are looked up when that member is used, not where it is
+/// written, so T may be only declared there.
+template <class T, class D>
+struct deferred {
+  using type = T;
+};
+template <class T, class D>
+using deferred_t = typename deferred<T, D>::type;
+
+/// Whether T is defined here (its header was included).
+template <class T>
+concept complete_type = requires { sizeof(T); };
+
+}  // namespace accel::detail
+
+#endif  // ACCEL_DETAIL_DEFERRED_HPP
+// end <accel/detail/deferred.hpp>
 // begin <accel/ops/batch_size.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines find_executable_batch_size: call fn(batch_size), lowering the
@@ -16237,144 +16320,27 @@ class ProgressBar {
 
 #endif  // ACCEL_TRACKING_PROGRESS_HPP
 // end <accel/tracking/progress.hpp>
-// begin <accel/tracking/trackers.hpp>
+// begin <accel/tracking/tracker_options.hpp>
 // SPDX-License-Identifier: Apache-2.0
-/// @file Defines accel's experiment trackers (JSONL, CSV, TensorBoard event
-/// files) and accel::tracking::Trackers, which the Accelerator's
-/// init_trackers()/log()/end_training() drive on the main process.
-#ifndef ACCEL_TRACKING_TRACKERS_HPP
-#define ACCEL_TRACKING_TRACKERS_HPP
+/// @file Defines accel::tracking::TrackerOptions, which writers
+/// init_trackers() starts (apart from trackers.hpp, which holds the writers:
+/// accelerator.hpp declares init_trackers() with this alone).
+#ifndef ACCEL_TRACKING_TRACKER_OPTIONS_HPP
+#define ACCEL_TRACKING_TRACKER_OPTIONS_HPP
 
-#include <unistd.h>
+namespace accel::tracking {
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <memory>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
+/// Which writers init_trackers() starts (Accelerate's log_with); all by default.
+struct TrackerOptions {
+  bool jsonl = true;        ///< metrics.jsonl: one JSON object per log() call
+  bool csv = true;          ///< metrics.csv: one row per log() call
+  bool tensorboard = true;  ///< events.out.tfevents.<time>.<host>: numeric values
+};
 
-#include <nlohmann/json.hpp>
+}  // namespace accel::tracking
 
-// begin <accel/tracking/detail/tfevents.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines the TensorBoard event-file encoding: CRC32C, TFRecord framing
-/// and a hand-written encoder for the few tf.Event protobuf fields accel writes
-/// (no protobuf dependency: Debian has no TensorBoard to pull it in with).
-#ifndef ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
-#define ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
-
-#include <array>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace accel::tracking::detail {
-
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord uses.
-inline uint32_t crc32c(std::string_view data) {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1U) ? (c >> 1) ^ 0x82F63B78U : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xFFFFFFFFU;
-  for (unsigned char b : data) crc = table[(crc ^ b) & 0xFFU] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFU;
-}
-
-/// TFRecord's masked CRC: rotate right by 15 and add a constant, so that a CRC
-/// of data containing CRCs stays well distributed.
-inline uint32_t masked_crc32c(std::string_view data) {
-  const uint32_t c = crc32c(data);
-  return ((c >> 15) | (c << 17)) + 0xa282ead8U;
-}
-
-inline void put_le(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFFU));
-}
-
-/// One TFRecord: uint64 length, masked CRC of the length, data, masked CRC of data.
-inline std::string tfrecord(std::string_view data) {
-  std::string len;
-  put_le(len, data.size(), 8);
-  std::string out = len;
-  put_le(out, masked_crc32c(len), 4);
-  out.append(data);
-  put_le(out, masked_crc32c(data), 4);
-  return out;
-}
-
-// --- protobuf wire format (only what tf.Event needs) ---
-inline void put_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-inline void put_tag(std::string& out, uint32_t field, uint32_t wire_type) {
-  put_varint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
-}
-inline void put_bytes(std::string& out, uint32_t field, std::string_view bytes) {
-  put_tag(out, field, 2);
-  put_varint(out, bytes.size());
-  out.append(bytes);
-}
-inline void put_double(std::string& out, uint32_t field, double v) {
-  uint64_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  put_tag(out, field, 1);
-  put_le(out, bits, 8);
-}
-inline void put_float(std::string& out, uint32_t field, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  put_tag(out, field, 5);
-  put_le(out, bits, 4);
-}
-
-/// tf.Event{wall_time=1, step=2, file_version=3} for the file's first record.
-inline std::string encode_file_version_event(double wall_time) {
-  std::string e;
-  put_double(e, 1, wall_time);
-  put_bytes(e, 3, "brain.Event:2");
-  return e;
-}
-
-/// tf.Event{wall_time=1, step=2, summary=5: Summary{value=1: Value{tag=1, simple_value=2}}}.
-inline std::string encode_scalars_event(double wall_time, int64_t step,
-                                        const std::vector<std::pair<std::string, float>>& scalars) {
-  std::string summary;
-  for (const auto& [tag, value] : scalars) {
-    std::string v;
-    put_bytes(v, 1, tag);
-    put_float(v, 2, value);
-    put_bytes(summary, 1, v);
-  }
-  std::string e;
-  put_double(e, 1, wall_time);
-  put_tag(e, 2, 0);
-  put_varint(e, static_cast<uint64_t>(step));  // int64: two's complement, 10 bytes if negative
-  put_bytes(e, 5, summary);
-  return e;
-}
-
-}  // namespace accel::tracking::detail
-
-#endif  // ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
-// end <accel/tracking/detail/tfevents.hpp>
+#endif  // ACCEL_TRACKING_TRACKER_OPTIONS_HPP
+// end <accel/tracking/tracker_options.hpp>
 // begin <accel/tracking/value.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::tracking::Value, the scalar or string that log() and
@@ -16477,232 +16443,20 @@ using Config = std::map<std::string, Value>;
 #endif  // ACCEL_TRACKING_VALUE_HPP
 // end <accel/tracking/value.hpp>
 
+// Declared only: save_state() and its kin, init_trackers() and log(), and
+// profile() reach these through detail::deferred_t, so their headers (the
+// checkpoint writer and reader, the trackers, LibTorch's profiler) are
+// compiled only where they are included (checkpoint.hpp, tracking.hpp,
+// profiling.hpp, accel.hpp) and those members are called.
+namespace accel::ckpt {
+struct StateIo;
+}  // namespace accel::ckpt
 namespace accel::tracking {
-
-/// Which writers init_trackers() starts (Accelerate's log_with); all by default.
-struct TrackerOptions {
-  bool jsonl = true;        ///< metrics.jsonl: one JSON object per log() call
-  bool csv = true;          ///< metrics.csv: one row per log() call
-  bool tensorboard = true;  ///< events.out.tfevents.<time>.<host>: numeric values
-};
-
-/// One output format. log() receives the step already resolved.
-class Tracker {
- public:
-  virtual ~Tracker() = default;
-  virtual std::string name() const = 0;
-  virtual void log(const Values& values, int64_t step) = 0;
-  virtual void finish() = 0;
-};
-
-namespace detail {
-inline double wall_time_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-inline std::ofstream open_or_throw(const std::filesystem::path& p, std::ios::openmode mode) {
-  std::ofstream f(p, mode);
-  ACCEL_CHECK(f.good(), "accel: cannot open ", p, " for writing. Check that project_dir is a "
-              "writable directory.");
-  return f;
-}
-
-inline void write_or_throw(std::ofstream& f, const std::string& data,
-                           const std::filesystem::path& p) {
-  f << data;
-  f.flush();  // each call reaches the file: a crashed run keeps its metrics
-  ACCEL_CHECK(f.good(), "accel: writing ", p, " failed (disk full?). Free space in project_dir.");
-}
-}  // namespace detail
-
-/// {"step": N, "<key>": value, ...} per line; strings kept, NaN/inf as strings.
-class JsonlTracker : public Tracker {
- public:
-  explicit JsonlTracker(std::filesystem::path path)
-      : path_(std::move(path)), out_(detail::open_or_throw(path_, std::ios::trunc)) {}
-  std::string name() const override { return "jsonl"; }
-  void log(const Values& values, int64_t step) override {
-    nlohmann::ordered_json j;
-    j["step"] = step;
-    for (const auto& [k, v] : values) j[k] = v.to_json();
-    detail::write_or_throw(out_, j.dump() + "\n", path_);
-  }
-  void finish() override { out_.close(); }
-
- private:
-  std::filesystem::path path_;
-  std::ofstream out_;
-};
-
-/// Header "step,<keys of the first call, sorted>". A later call with a key
-/// the header lacks widens it: the file is rewritten (to a temporary file,
-/// then renamed) with the new column appended and the earlier rows' cells
-/// left empty. A key missing from a call leaves its cell empty.
-class CsvTracker : public Tracker {
- public:
-  explicit CsvTracker(std::filesystem::path path) : path_(std::move(path)) { rewrite(); }
-  std::string name() const override { return "csv"; }
-  void log(const Values& values, int64_t step) override {
-    bool widened = false;
-    for (const auto& [k, v] : values)
-      if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
-        columns_.push_back(k);
-        widened = true;
-      }
-    std::vector<std::string> row{std::to_string(step)};
-    for (size_t c = 1; c < columns_.size(); ++c) {
-      auto it = values.find(columns_[c]);
-      row.push_back(it == values.end() ? std::string() : it->second.to_csv());
-    }
-    rows_.push_back(std::move(row));
-    if (widened && header_written_) {
-      rewrite();
-    } else {
-      if (!header_written_) detail::write_or_throw(out_, join(columns_), path_);
-      header_written_ = true;
-      detail::write_or_throw(out_, join(rows_.back()), path_);
-    }
-  }
-  void finish() override { out_.close(); }
-  const std::vector<std::string>& columns() const { return columns_; }
-
- private:
-  static std::string join(const std::vector<std::string>& cells) {
-    std::string s;
-    for (size_t i = 0; i < cells.size(); ++i) s += (i ? "," : "") + cells[i];
-    return s + "\n";
-  }
-  void rewrite() {
-    if (out_.is_open()) out_.close();
-    auto tmp = path_;
-    tmp += ".tmp";
-    {
-      auto f = detail::open_or_throw(tmp, std::ios::trunc);
-      std::string text = rows_.empty() ? std::string() : join(columns_);
-      for (auto row : rows_) {
-        row.resize(columns_.size());
-        text += join(row);
-      }
-      detail::write_or_throw(f, text, tmp);
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path_, ec);
-    ACCEL_CHECK(!ec, "accel: cannot replace ", path_, ": ", ec.message(),
-                ". Check the permissions of project_dir.");
-    out_ = detail::open_or_throw(path_, std::ios::app);
-    header_written_ = !rows_.empty();
-  }
-
-  std::filesystem::path path_;
-  std::ofstream out_;
-  std::vector<std::string> columns_{"step"};
-  std::vector<std::vector<std::string>> rows_;
-  bool header_written_ = false;
-};
-
-/// TensorBoard event file: TFRecords of tf.Event; numeric values become
-/// scalar summaries tagged with their key, strings are left out.
-class TensorBoardTracker : public Tracker {
- public:
-  explicit TensorBoardTracker(const std::filesystem::path& dir) {
-    char host[256] = "localhost";
-    ::gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = '\0';
-    const double now = detail::wall_time_now();
-    auto base = "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host;
-    path_ = dir / base;
-    for (int i = 1; std::filesystem::exists(path_); ++i) path_ = dir / (base + "." + std::to_string(i));
-    out_ = detail::open_or_throw(path_, std::ios::binary | std::ios::trunc);
-    detail::write_or_throw(out_, tracking::detail::tfrecord(
-                                     tracking::detail::encode_file_version_event(now)), path_);
-  }
-  std::string name() const override { return "tensorboard"; }
-  void log(const Values& values, int64_t step) override {
-    std::vector<std::pair<std::string, float>> scalars;
-    for (const auto& [k, v] : values)
-      if (auto x = v.as_number()) scalars.emplace_back(k, static_cast<float>(*x));
-    if (scalars.empty()) return;
-    detail::write_or_throw(out_, tracking::detail::tfrecord(tracking::detail::encode_scalars_event(
-                                     detail::wall_time_now(), step, scalars)), path_);
-  }
-  void finish() override { out_.close(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-  std::ofstream out_;
-};
-
-/// The trackers of one run, in project_dir/project_name/: config.json,
-/// metrics.jsonl, metrics.csv (both started afresh by each init), and
-/// events.out.tfevents.* (a new file per init; TensorBoard reads them all). Only the process with
-/// `writer` true creates files; the others only check the calls.
-class Trackers {
- public:
-  void init(const std::optional<std::string>& project_dir, const std::string& project_name,
-            const Config& config, TrackerOptions options, bool writer) {
-    ACCEL_CHECK(project_dir && !project_dir->empty(),
-                "accel: init_trackers() needs a directory to write to, and "
-                "AcceleratorOptions::project_dir is not set. Construct the Accelerator with "
-                "AcceleratorOptions{.project_dir = \"runs\"} (any writable directory).");
-    ACCEL_CHECK(!project_name.empty() && project_name.find('/') == std::string::npos &&
-                    project_name != "." && project_name != "..",
-                "accel: init_trackers() needs a project name that is one directory name (got \"",
-                project_name, "\"). Pass a name such as \"my_run\".");
-    finish();
-    initialised_ = true;
-    step_ = 0;
-    dir_ = std::filesystem::path(*project_dir) / project_name;
-    if (!writer) return;
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    ACCEL_CHECK(!ec, "accel: cannot create the tracking directory ", dir_, ": ", ec.message(),
-                ". Set AcceleratorOptions::project_dir to a writable directory.");
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : config) j[k] = v.to_json();
-    {
-      auto f = detail::open_or_throw(dir_ / "config.json", std::ios::trunc);
-      detail::write_or_throw(f, j.dump(2) + "\n", dir_ / "config.json");
-    }
-    if (options.jsonl) trackers_.push_back(std::make_unique<JsonlTracker>(dir_ / "metrics.jsonl"));
-    if (options.csv) trackers_.push_back(std::make_unique<CsvTracker>(dir_ / "metrics.csv"));
-    if (options.tensorboard) trackers_.push_back(std::make_unique<TensorBoardTracker>(dir_));
-  }
-
-  /// step: nullopt uses the number of earlier log() calls since init (0, 1, ...).
-  void log(const Values& values, std::optional<int64_t> step = {}) {
-    ACCEL_CHECK(initialised_, "accel: log() was called before init_trackers(). Call "
-                "accelerator.init_trackers(\"project_name\", config) once before logging.");
-    const int64_t s = step.value_or(step_);
-    ++step_;
-    for (auto& t : trackers_) t->log(values, s);
-  }
-
-  /// Closes every writer; log() afterwards needs a new init_trackers().
-  void finish() {
-    for (auto& t : trackers_) t->finish();
-    trackers_.clear();
-    initialised_ = false;
-  }
-
-  bool initialised() const { return initialised_; }
-  /// project_dir/project_name (also on processes that do not write).
-  const std::filesystem::path& directory() const { return dir_; }
-  /// The active writers (empty on processes that do not write).
-  const std::vector<std::unique_ptr<Tracker>>& trackers() const { return trackers_; }
-
- private:
-  bool initialised_ = false;
-  int64_t step_ = 0;
-  std::filesystem::path dir_;
-  std::vector<std::unique_ptr<Tracker>> trackers_;
-};
-
+class Trackers;
 }  // namespace accel::tracking
-
-#endif  // ACCEL_TRACKING_TRACKERS_HPP
-// end <accel/tracking/trackers.hpp>
+namespace accel::profiling {
+class Trace;
+}  // namespace accel::profiling
 
 namespace accel {
 
@@ -16757,6 +16511,10 @@ template <class Backend = backend::SingleDevice, class Precision = precision::Fp
 class Accelerator {
   // Instantiates the checks: their own static_asserts carry the messages.
   static_assert(check_accelerator_policies<Backend, Precision, Shard>::checked);
+  // Areas whose headers only the members that use them need (see the
+  // declarations above the class): checkpoint/state_io.hpp, tracking/trackers.hpp.
+  using state_io = detail::deferred_t<ckpt::StateIo, Backend>;
+  using trackers_type = detail::deferred_t<tracking::Trackers, Backend>;
 
  public:
   using backend_type = Backend;
@@ -17027,7 +16785,10 @@ class Accelerator {
   /// lives and writes trace_dir/trace_rank<r>.json (Chrome trace) when it
   /// goes; profiling::merge_traces makes one trace of all ranks.
   [[nodiscard]] auto profile(std::filesystem::path trace_dir) {
-    return profiling::Trace(std::move(trace_dir), process_index());
+    using trace = detail::deferred_t<profiling::Trace, Backend>;
+    static_assert(detail::complete_type<trace>,
+                  "accel: profile() needs #include <accel/profiling.hpp> (or <accel/accel.hpp>).");
+    return trace(std::move(trace_dir), process_index());
   }
 
   class MainProcessFirst {
@@ -17085,16 +16846,16 @@ class Accelerator {
   template <class M>
   void save_model(PreparedModel<M>& model, const std::filesystem::path& dir,
                   SaveModelOptions opts = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     state_->finalize_gradients();
     // Without ShardParameters there is nothing to gather: every rank holds its parameters.
     const auto gathers = parameter_gathers();
     const ReleaseParameters release{gathers};
-    const auto err = ckpt::save_module_collectively(*model.get(), dir, opts, is_main_process(),
-                                                    [&](const torch::Tensor& t) {
-                                                      for (auto* g : gathers) g->gather_holding(t);
-                                                    });
-    ckpt::detail::agree(*state_->comm, err, "save_model",
-                        "the main process writes the files, this one wrote none");
+    state_io::save_model(*state_->comm, *model.get(), dir, opts, is_main_process(),
+                         [&](const torch::Tensor& t) {
+                           for (auto* g : gathers) g->gather_holding(t);
+                         });
   }
 
   /// A loader sharing `loader`'s position whose next loop leaves out the first
@@ -17117,15 +16878,19 @@ class Accelerator {
   /// project_dir/checkpoints/checkpoint_<N> (at most total_limit kept). Every
   /// process must call it. Layout: include/accel/checkpoint/save_state.hpp.
   void save_state(std::optional<std::filesystem::path> dir = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     profiling::Span span("accel: save_state", "accel.checkpoint");
-    with_whole_parameters(false, [&] { ckpt::save_state(registry_, options_, std::move(dir)); });
+    with_whole_parameters(false, [&] { state_io::save_state(registry_, options_, std::move(dir)); });
   }
   /// Restores what save_state() wrote (without dir: the newest automatic
   /// checkpoint, and the numbering continues after it). A bad checkpoint is
   /// an accel::Error on every process, with nothing changed.
   void load_state(std::optional<std::filesystem::path> dir = {}) {
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
     profiling::Span span("accel: load_state", "accel.checkpoint");
-    with_whole_parameters(true, [&] { ckpt::load_state(registry_, options_, std::move(dir)); });
+    with_whole_parameters(true, [&] { state_io::load_state(registry_, options_, std::move(dir)); });
   }
   // --- elastic restarts (docs/launching.md "Fault tolerance") ---
   /// Resumes from the newest complete checkpoint under project_dir/checkpoints
@@ -17136,7 +16901,9 @@ class Accelerator {
   /// checkpoint there. Every process must call it, after prepare() and
   /// register_for_checkpointing(). Layout: include/accel/checkpoint/latest_state.hpp.
   std::optional<std::filesystem::path> load_latest_state() {
-    return with_whole_parameters(true, [&] { return ckpt::load_latest_state(registry_, options_); });
+    static_assert(detail::complete_type<state_io>, "accel: save_state(), load_state(), "
+                  "load_latest_state() and save_model() need #include <accel/checkpoint.hpp> (or <accel/accel.hpp>).");
+    return with_whole_parameters(true, [&] { return state_io::load_latest_state(registry_, options_); });
   }
   // --- end of elastic restarts ---
   /// Adds obj to what save_state()/load_state() cover (see
@@ -17165,14 +16932,23 @@ class Accelerator {
   /// process calls it; only the main process writes.
   void init_trackers(const std::string& project_name, const tracking::Config& config = {},
                      tracking::TrackerOptions which = {}) {
-    trackers_.init(options_.project_dir, project_name, config, which, is_main_process());
+    trackers().init(options_.project_dir, project_name, config, which, is_main_process());
   }
   /// Logs values at step (default: the count of earlier log() calls) from the
   /// main process; the others return at once.
   void log(const tracking::Values& values, std::optional<int64_t> step = {}) {
-    trackers_.log(values, step);
+    trackers().log(values, step);
   }
-  tracking::Trackers& trackers() { return trackers_; }
+  trackers_type& trackers() {
+    static_assert(detail::complete_type<trackers_type>,
+                  "accel: init_trackers(), log() and trackers() need #include <accel/tracking.hpp> "
+                  "(or <accel/accel.hpp>).");
+    if (!trackers_) {
+      trackers_ = std::make_shared<trackers_type>();
+      finish_trackers_ = [t = trackers_.get()] { t->finish(); };
+    }
+    return *trackers_;
+  }
   /// A progress bar drawn by the local main process only, and only on a
   /// terminal (ACCEL_DISABLE_PROGRESS=1 or options.enabled = false turn it off).
   [[nodiscard]] tracking::ProgressBar progress(int64_t total, std::string description = {},
@@ -17183,7 +16959,7 @@ class Accelerator {
 
   /// Closes the trackers' files, then waits for every process.
   void end_training() {
-    trackers_.finish();
+    if (finish_trackers_) finish_trackers_();
     wait_for_everyone();
   }
 
@@ -17269,43 +17045,54 @@ class Accelerator {
     auto* module = detail::module_ptr(model);
     module->to(state_->device);
     std::shared_ptr<shard::detail::GradientSync> sync;
-    if (state_->comm->size() > 1) {
-      broadcast_from_main(detail::unique_tensors(module->parameters()));
-      broadcast_from_main(module->buffers());
-      auto trainable = detail::trainable_parameters(*module);
-      const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-      auto sync_now = detail::TrainingState::sync_flag(state_);
-      if constexpr (Shard::shards_optimizer_state) {
-        std::optional<shard::detail::ParameterUnits> units;
-        if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(*module, trainable);
-        auto zero = std::make_shared<shard::detail::ZeroReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
-            make_comm_hook(), std::move(units), prefetch_parameters());
-        if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(*module, zero);
-        state_->sharded.push_back(zero);
-        sync = std::move(zero);
-      } else {
-        sync = std::make_shared<shard::detail::BucketReducer>(
-            std::move(trainable), state_->comm, bucket_bytes, overlap_gradient_sync(), sync_now,
-            make_comm_hook());
-      }
-    } else {
-      sync = std::make_shared<shard::detail::NoSync>();
+    // A single-process backend never instantiates the reducers, the hooks or
+    // the broadcast: code it cannot run is not compiled into its users.
+    if constexpr (Backend::multi_process) {
+      if (state_->comm->size() > 1) sync = synchronise_replicas(*module);
     }
+    if (!sync) sync = std::make_shared<shard::detail::NoSync>();
     state_->syncs.push_back(sync);
     registry_.add_model(model);
     return PreparedModel<M>(std::move(model), state_, std::move(sync), Precision::autocast,
                             Precision::autocast_dtype);
   }
 
+  // Several processes: replicas start equal (rank 0's values), and the
+  // shard policy's reducer synchronises their gradients from then on.
+  std::shared_ptr<shard::detail::GradientSync> synchronise_replicas(torch::nn::Module& module) {
+    broadcast_from_main(detail::unique_tensors(module.parameters()));
+    broadcast_from_main(module.buffers());
+    auto trainable = detail::trainable_parameters(module);
+    const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    auto sync_now = detail::TrainingState::sync_flag(state_);
+    if constexpr (Shard::shards_optimizer_state) {
+      std::optional<shard::detail::ParameterUnits> units;
+      if constexpr (shards_parameters_v<Shard>) units = shard::detail::units_of(module, trainable);
+      auto zero = std::make_shared<shard::detail::ZeroReducer>(
+          std::move(trainable), state_->comm, bucket_bytes, Shard::shards_gradients, sync_now,
+          make_comm_hook(), std::move(units), prefetch_parameters());
+      if constexpr (shards_parameters_v<Shard>) shard::detail::bind_named_units(module, zero);
+      state_->sharded.push_back(zero);
+      return zero;
+    } else {
+      return std::make_shared<shard::detail::BucketReducer>(std::move(trainable), state_->comm,
+                                                            bucket_bytes, overlap_gradient_sync(),
+                                                            sync_now, make_comm_hook());
+    }
+  }
+
   template <class L>
   L prepare_loader(L loader) {
     // Its own position, shared with the copies the user iterates (save_state).
-    if (state_->comm->size() > 1)
-      loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
-                                              options_.even_batches});
-    else
-      loader = loader.detached();
+    bool sharded = false;
+    if constexpr (Backend::multi_process) {
+      if (state_->comm->size() > 1) {
+        loader = loader.sharded(data::ShardSpec{env_.rank, env_.world_size, options_.split_batches,
+                                                options_.even_batches});
+        sharded = true;
+      }
+    }
+    if (!sharded) loader = loader.detached();
     loader.set_device(state_->device);
     registry_.add_loader(loader);
     return loader;
@@ -17401,7 +17188,10 @@ class Accelerator {
   bool debug_ = false;
   ckpt::StateRegistry registry_;  ///< what save_state() covers
   comm::HookFunction user_hook_;  ///< register_comm_hook()
-  tracking::Trackers trackers_;          ///< init_trackers()/log()
+  // init_trackers()/log(): made by the first call, so that an Accelerator
+  // that never tracks needs no trackers.hpp.
+  std::shared_ptr<trackers_type> trackers_;
+  std::function<void()> finish_trackers_;
 
   std::vector<shard::detail::ParameterGather*> parameter_gathers() const {
     std::vector<shard::detail::ParameterGather*> out;
@@ -17466,6 +17256,364 @@ class Accelerator {
 #ifndef ACCEL_TRACKING_HPP
 #define ACCEL_TRACKING_HPP
 
+// begin <accel/tracking/trackers.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines accel's experiment trackers (JSONL, CSV, TensorBoard event
+/// files) and accel::tracking::Trackers, which the Accelerator's
+/// init_trackers()/log()/end_training() drive on the main process.
+#ifndef ACCEL_TRACKING_TRACKERS_HPP
+#define ACCEL_TRACKING_TRACKERS_HPP
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// begin <accel/tracking/detail/tfevents.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the TensorBoard event-file encoding: CRC32C, TFRecord framing
+/// and a hand-written encoder for the few tf.Event protobuf fields accel writes
+/// (no protobuf dependency: Debian has no TensorBoard to pull it in with).
+#ifndef ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+#define ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::tracking::detail {
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord uses.
+inline uint32_t crc32c(std::string_view data) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1U) ? (c >> 1) ^ 0x82F63B78U : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t crc = 0xFFFFFFFFU;
+  for (unsigned char b : data) crc = table[(crc ^ b) & 0xFFU] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFU;
+}
+
+/// TFRecord's masked CRC: rotate right by 15 and add a constant, so that a CRC
+/// of data containing CRCs stays well distributed.
+inline uint32_t masked_crc32c(std::string_view data) {
+  const uint32_t c = crc32c(data);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8U;
+}
+
+inline void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFFU));
+}
+
+/// One TFRecord: uint64 length, masked CRC of the length, data, masked CRC of data.
+inline std::string tfrecord(std::string_view data) {
+  std::string len;
+  put_le(len, data.size(), 8);
+  std::string out = len;
+  put_le(out, masked_crc32c(len), 4);
+  out.append(data);
+  put_le(out, masked_crc32c(data), 4);
+  return out;
+}
+
+// --- protobuf wire format (only what tf.Event needs) ---
+inline void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+inline void put_tag(std::string& out, uint32_t field, uint32_t wire_type) {
+  put_varint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
+}
+inline void put_bytes(std::string& out, uint32_t field, std::string_view bytes) {
+  put_tag(out, field, 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+inline void put_double(std::string& out, uint32_t field, double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  put_tag(out, field, 1);
+  put_le(out, bits, 8);
+}
+inline void put_float(std::string& out, uint32_t field, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  put_tag(out, field, 5);
+  put_le(out, bits, 4);
+}
+
+/// tf.Event{wall_time=1, step=2, file_version=3} for the file's first record.
+inline std::string encode_file_version_event(double wall_time) {
+  std::string e;
+  put_double(e, 1, wall_time);
+  put_bytes(e, 3, "brain.Event:2");
+  return e;
+}
+
+/// tf.Event{wall_time=1, step=2, summary=5: Summary{value=1: Value{tag=1, simple_value=2}}}.
+inline std::string encode_scalars_event(double wall_time, int64_t step,
+                                        const std::vector<std::pair<std::string, float>>& scalars) {
+  std::string summary;
+  for (const auto& [tag, value] : scalars) {
+    std::string v;
+    put_bytes(v, 1, tag);
+    put_float(v, 2, value);
+    put_bytes(summary, 1, v);
+  }
+  std::string e;
+  put_double(e, 1, wall_time);
+  put_tag(e, 2, 0);
+  put_varint(e, static_cast<uint64_t>(step));  // int64: two's complement, 10 bytes if negative
+  put_bytes(e, 5, summary);
+  return e;
+}
+
+}  // namespace accel::tracking::detail
+
+#endif  // ACCEL_TRACKING_DETAIL_TFEVENTS_HPP
+// end <accel/tracking/detail/tfevents.hpp>
+
+namespace accel::tracking {
+
+/// One output format. log() receives the step already resolved.
+class Tracker {
+ public:
+  virtual ~Tracker() = default;
+  virtual std::string name() const = 0;
+  virtual void log(const Values& values, int64_t step) = 0;
+  virtual void finish() = 0;
+};
+
+namespace detail {
+inline double wall_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::ofstream open_or_throw(const std::filesystem::path& p, std::ios::openmode mode) {
+  std::ofstream f(p, mode);
+  ACCEL_CHECK(f.good(), "accel: cannot open ", p, " for writing. Check that project_dir is a "
+              "writable directory.");
+  return f;
+}
+
+inline void write_or_throw(std::ofstream& f, const std::string& data,
+                           const std::filesystem::path& p) {
+  f << data;
+  f.flush();  // each call reaches the file: a crashed run keeps its metrics
+  ACCEL_CHECK(f.good(), "accel: writing ", p, " failed (disk full?). Free space in project_dir.");
+}
+}  // namespace detail
+
+/// {"step": N, "<key>": value, ...} per line; strings kept, NaN/inf as strings.
+class JsonlTracker : public Tracker {
+ public:
+  explicit JsonlTracker(std::filesystem::path path)
+      : path_(std::move(path)), out_(detail::open_or_throw(path_, std::ios::trunc)) {}
+  std::string name() const override { return "jsonl"; }
+  void log(const Values& values, int64_t step) override {
+    nlohmann::ordered_json j;
+    j["step"] = step;
+    for (const auto& [k, v] : values) j[k] = v.to_json();
+    detail::write_or_throw(out_, j.dump() + "\n", path_);
+  }
+  void finish() override { out_.close(); }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+/// Header "step,<keys of the first call, sorted>". A later call with a key
+/// the header lacks widens it: the file is rewritten (to a temporary file,
+/// then renamed) with the new column appended and the earlier rows' cells
+/// left empty. A key missing from a call leaves its cell empty.
+class CsvTracker : public Tracker {
+ public:
+  explicit CsvTracker(std::filesystem::path path) : path_(std::move(path)) { rewrite(); }
+  std::string name() const override { return "csv"; }
+  void log(const Values& values, int64_t step) override {
+    bool widened = false;
+    for (const auto& [k, v] : values)
+      if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
+        columns_.push_back(k);
+        widened = true;
+      }
+    std::vector<std::string> row{std::to_string(step)};
+    for (size_t c = 1; c < columns_.size(); ++c) {
+      auto it = values.find(columns_[c]);
+      row.push_back(it == values.end() ? std::string() : it->second.to_csv());
+    }
+    rows_.push_back(std::move(row));
+    if (widened && header_written_) {
+      rewrite();
+    } else {
+      if (!header_written_) detail::write_or_throw(out_, join(columns_), path_);
+      header_written_ = true;
+      detail::write_or_throw(out_, join(rows_.back()), path_);
+    }
+  }
+  void finish() override { out_.close(); }
+  const std::vector<std::string>& columns() const { return columns_; }
+
+ private:
+  static std::string join(const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t i = 0; i < cells.size(); ++i) s += (i ? "," : "") + cells[i];
+    return s + "\n";
+  }
+  void rewrite() {
+    if (out_.is_open()) out_.close();
+    auto tmp = path_;
+    tmp += ".tmp";
+    {
+      auto f = detail::open_or_throw(tmp, std::ios::trunc);
+      std::string text = rows_.empty() ? std::string() : join(columns_);
+      for (auto row : rows_) {
+        row.resize(columns_.size());
+        text += join(row);
+      }
+      detail::write_or_throw(f, text, tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path_, ec);
+    ACCEL_CHECK(!ec, "accel: cannot replace ", path_, ": ", ec.message(),
+                ". Check the permissions of project_dir.");
+    out_ = detail::open_or_throw(path_, std::ios::app);
+    header_written_ = !rows_.empty();
+  }
+
+  std::filesystem::path path_;
+  std::ofstream out_;
+  std::vector<std::string> columns_{"step"};
+  std::vector<std::vector<std::string>> rows_;
+  bool header_written_ = false;
+};
+
+/// TensorBoard event file: TFRecords of tf.Event; numeric values become
+/// scalar summaries tagged with their key, strings are left out.
+class TensorBoardTracker : public Tracker {
+ public:
+  explicit TensorBoardTracker(const std::filesystem::path& dir) {
+    char host[256] = "localhost";
+    ::gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    const double now = detail::wall_time_now();
+    auto base = "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host;
+    path_ = dir / base;
+    for (int i = 1; std::filesystem::exists(path_); ++i) path_ = dir / (base + "." + std::to_string(i));
+    out_ = detail::open_or_throw(path_, std::ios::binary | std::ios::trunc);
+    detail::write_or_throw(out_, tracking::detail::tfrecord(
+                                     tracking::detail::encode_file_version_event(now)), path_);
+  }
+  std::string name() const override { return "tensorboard"; }
+  void log(const Values& values, int64_t step) override {
+    std::vector<std::pair<std::string, float>> scalars;
+    for (const auto& [k, v] : values)
+      if (auto x = v.as_number()) scalars.emplace_back(k, static_cast<float>(*x));
+    if (scalars.empty()) return;
+    detail::write_or_throw(out_, tracking::detail::tfrecord(tracking::detail::encode_scalars_event(
+                                     detail::wall_time_now(), step, scalars)), path_);
+  }
+  void finish() override { out_.close(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+/// The trackers of one run, in project_dir/project_name/: config.json,
+/// metrics.jsonl, metrics.csv (both started afresh by each init), and
+/// events.out.tfevents.* (a new file per init; TensorBoard reads them all). Only the process with
+/// `writer` true creates files; the others only check the calls.
+class Trackers {
+ public:
+  void init(const std::optional<std::string>& project_dir, const std::string& project_name,
+            const Config& config, TrackerOptions options, bool writer) {
+    ACCEL_CHECK(project_dir && !project_dir->empty(),
+                "accel: init_trackers() needs a directory to write to, and "
+                "AcceleratorOptions::project_dir is not set. Construct the Accelerator with "
+                "AcceleratorOptions{.project_dir = \"runs\"} (any writable directory).");
+    ACCEL_CHECK(!project_name.empty() && project_name.find('/') == std::string::npos &&
+                    project_name != "." && project_name != "..",
+                "accel: init_trackers() needs a project name that is one directory name (got \"",
+                project_name, "\"). Pass a name such as \"my_run\".");
+    finish();
+    initialised_ = true;
+    step_ = 0;
+    dir_ = std::filesystem::path(*project_dir) / project_name;
+    if (!writer) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    ACCEL_CHECK(!ec, "accel: cannot create the tracking directory ", dir_, ": ", ec.message(),
+                ". Set AcceleratorOptions::project_dir to a writable directory.");
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : config) j[k] = v.to_json();
+    {
+      auto f = detail::open_or_throw(dir_ / "config.json", std::ios::trunc);
+      detail::write_or_throw(f, j.dump(2) + "\n", dir_ / "config.json");
+    }
+    if (options.jsonl) trackers_.push_back(std::make_unique<JsonlTracker>(dir_ / "metrics.jsonl"));
+    if (options.csv) trackers_.push_back(std::make_unique<CsvTracker>(dir_ / "metrics.csv"));
+    if (options.tensorboard) trackers_.push_back(std::make_unique<TensorBoardTracker>(dir_));
+  }
+
+  /// step: nullopt uses the number of earlier log() calls since init (0, 1, ...).
+  void log(const Values& values, std::optional<int64_t> step = {}) {
+    ACCEL_CHECK(initialised_, "accel: log() was called before init_trackers(). Call "
+                "accelerator.init_trackers(\"project_name\", config) once before logging.");
+    const int64_t s = step.value_or(step_);
+    ++step_;
+    for (auto& t : trackers_) t->log(values, s);
+  }
+
+  /// Closes every writer; log() afterwards needs a new init_trackers().
+  void finish() {
+    for (auto& t : trackers_) t->finish();
+    trackers_.clear();
+    initialised_ = false;
+  }
+
+  bool initialised() const { return initialised_; }
+  /// project_dir/project_name (also on processes that do not write).
+  const std::filesystem::path& directory() const { return dir_; }
+  /// The active writers (empty on processes that do not write).
+  const std::vector<std::unique_ptr<Tracker>>& trackers() const { return trackers_; }
+
+ private:
+  bool initialised_ = false;
+  int64_t step_ = 0;
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<Tracker>> trackers_;
+};
+
+}  // namespace accel::tracking
+
+#endif  // ACCEL_TRACKING_TRACKERS_HPP
+// end <accel/tracking/trackers.hpp>
 
 #endif  // ACCEL_TRACKING_HPP
 // end <accel/tracking.hpp>

@@ -1,6 +1,7 @@
 // Twin of shard_with_single_device_fail.cpp: sharding with a multi-process
 // backend compiles.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 
 int main() {
   using A = accel::Accelerator<accel::backend::Gloo, accel::precision::Fp32,

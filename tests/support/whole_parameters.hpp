@@ -4,7 +4,7 @@
 #pragma once
 
 #include <accel/accelerator.hpp>
-#include <accel/checkpoint/safetensors.hpp>
+#include <accel/checkpoint.hpp>
 
 #include <filesystem>
 #include <stdexcept>

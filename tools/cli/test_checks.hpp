@@ -24,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
 #include <accel/dispatch.hpp>
 #include <accel/errors.hpp>
 #include <accel/runtime/process_env.hpp>

@@ -22,16 +22,10 @@
 
 #include <accel/errors.hpp>
 #include <accel/tracking/detail/tfevents.hpp>
+#include <accel/tracking/tracker_options.hpp>
 #include <accel/tracking/value.hpp>
 
 namespace accel::tracking {
-
-/// Which writers init_trackers() starts (Accelerate's log_with); all by default.
-struct TrackerOptions {
-  bool jsonl = true;        ///< metrics.jsonl: one JSON object per log() call
-  bool csv = true;          ///< metrics.csv: one row per log() call
-  bool tensorboard = true;  ///< events.out.tfevents.<time>.<host>: numeric values
-};
 
 /// One output format. log() receives the step already resolved.
 class Tracker {

@@ -6,6 +6,8 @@
 // Also load_latest_state() on one process: which checkpoint it picks, and
 // what it skips.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/random.hpp>
 #include <accel/runtime/restart_count.hpp>

@@ -3,6 +3,8 @@
 // per-process chunks) or Replicate resumes on 1, 3 and 4 processes with the
 // same global batch, and the run ends where an uninterrupted one does.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <filesystem>

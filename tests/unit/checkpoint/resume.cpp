@@ -2,6 +2,8 @@
 // saved, ended, and was resumed by new processes; a process killed with
 // SIGKILL during save_state leaves the previous checkpoint loadable.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/random.hpp>
 

@@ -2,6 +2,7 @@
 // back bit-exactly, automatic naming and rotation, registered objects, and
 // bad checkpoints that change nothing.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
 #include <accel/sched/one_cycle_lr.hpp>
 
 #include <chrono>

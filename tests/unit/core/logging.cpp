@@ -3,6 +3,7 @@
 // 3 real Gloo processes forked by accel's own launcher, each writing through
 // a file sink (or its stderr) that the test reads back.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/logging.hpp>
 

@@ -3,6 +3,7 @@
 // every bucket is all-reduced once per step and W trained with every layer
 // checkpointed equals one process without checkpointing.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/memory.hpp>
 

@@ -1,6 +1,7 @@
 // The Accelerator's collectives and data sharding on real processes (Gloo),
 // 2 and 3 ranks, each forked by accel's own launcher.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <atomic>

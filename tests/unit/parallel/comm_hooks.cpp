@@ -4,6 +4,8 @@
 // bit-exact resume, the bytes each hook hands to the collectives, and the
 // ZeRO reductions with hooks.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/runtime/counting_communicator.hpp>
 

@@ -1,6 +1,7 @@
 // The key property of data parallelism: N processes on a global batch end
 // with the same parameters as one process on that batch (WORKLOAD.md, W).
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <sys/wait.h>

@@ -4,6 +4,7 @@
 // is injected into the loss; skip, backoff, growth, unscaled clipping and the
 // agreement of ranks (inf on one rank only) are checked.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <limits>

@@ -4,6 +4,7 @@
 // builds its model from its own seed and BatchNorm statistics, and trains on
 // its own data. Also accelerator.print on the main process only (C18).
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <unistd.h>

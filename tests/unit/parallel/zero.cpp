@@ -3,6 +3,8 @@
 // while each rank holds 1/N of the optimizer state (stage 2: and of the
 // gradients; stage 3: and of the parameters, plus one unit while it computes).
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <algorithm>

@@ -5,6 +5,8 @@
 // the order of the chunks would make old checkpoints load into the wrong
 // places; this test says so before a user's resume does.
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 
 #include <algorithm>

@@ -4,6 +4,8 @@
 // process before the 2-process case forks (LibTorch 2.x refuses autograd in
 // a child forked after it).
 #include <accel/accelerator.hpp>
+#include <accel/checkpoint.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/profiling/trace.hpp>
 

@@ -2,6 +2,7 @@
 // process; the event files checked byte-level (CRC32C, protobuf encoding) and
 // read back by an independent stdlib-only Python reader.
 #include <accel/accelerator.hpp>
+#include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
 #include <accel/tracking/trackers.hpp>
 
