@@ -3,7 +3,7 @@
 # includes <accel/accel.hpp> and instantiates Accelerator<> with prepare() of
 # a model, an optimizer and a data loader (bench/compile_time/accel_prepare.cpp),
 # of the same code including only <accel/accelerator.hpp> and <accel/data.hpp>
-# (accel_light.cpp), vs one that includes <torch/torch.h> alone and does the
+# (accel_prepare.cpp with ACCEL_PROBE_LIGHT), vs one that includes <torch/torch.h> alone and does the
 # plain equivalent (bench/compile_time/torch_plain.cpp).
 #
 #   bench/compile_time.sh [BUILD_DIR=build-bench] [RUNS=5]
@@ -31,7 +31,7 @@ compile_cmd() {  # target source-basename object
         -e "s| -o [^ ]*| -o $3|"
 }
 cmd_a=$(compile_cmd compile_time_accel accel_prepare.cpp "$out/a.o")
-cmd_c=$(compile_cmd compile_time_accel_light accel_light.cpp "$out/c.o")
+cmd_c=$(compile_cmd compile_time_accel_light accel_prepare.cpp "$out/c.o")
 cmd_b=$(compile_cmd compile_time_torch torch_plain.cpp "$out/b.o")
 cmd_d=
 [[ -n "${BEFORE_INCLUDE:-}" ]] && cmd_d=${cmd_a//-I$root\/include/-I$BEFORE_INCLUDE} && cmd_d=${cmd_d//$out\/a.o/$out\/d.o}

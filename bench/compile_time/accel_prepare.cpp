@@ -2,7 +2,14 @@
 // and an Accelerator<> whose prepare() takes a model, an optimizer and a data
 // loader, then one training loop. Compare with torch_plain.cpp, which does the
 // same with LibTorch alone.
+// Built with ACCEL_PROBE_LIGHT (target compile_time_accel_light) it is probe
+// (c): the same code including only what it uses (README "Including less").
+#ifdef ACCEL_PROBE_LIGHT
+#include <accel/accelerator.hpp>
+#include <accel/data.hpp>
+#else
 #include <accel/accel.hpp>
+#endif
 
 int main() {
   accel::Accelerator<> acc;
