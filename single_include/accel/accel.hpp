@@ -14213,8 +14213,8 @@ auto share(A&& a) {
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines accel::detail::deferred_t and complete_type: how the
 /// Accelerator names a class of an area it does not include (the checkpoint
-/// writer and reader, the trackers), so that only a translation unit that calls
-/// into that area compiles its header.
+/// writer and reader, the trackers, the profiler's Trace), so that only a
+/// translation unit that calls into that area compiles its header.
 #ifndef ACCEL_DETAIL_DEFERRED_HPP
 #define ACCEL_DETAIL_DEFERRED_HPP
 
