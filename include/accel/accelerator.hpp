@@ -33,7 +33,6 @@
 #include <accel/ops/batch_size.hpp>
 #include <accel/ops/collectives.hpp>
 #include <accel/ops/join.hpp>
-#include <accel/ops/objects.hpp>
 #include <accel/ops/split.hpp>
 #include <accel/ops/trigger.hpp>
 #include <accel/options.hpp>
@@ -48,11 +47,12 @@
 #include <accel/tracking/tracker_options.hpp>
 #include <accel/tracking/value.hpp>
 
-// Declared only: save_state() and its kin, init_trackers() and log(), and
-// profile() reach these through detail::deferred_t, so their headers (the
-// checkpoint writer and reader, the trackers, LibTorch's profiler) are
-// compiled only where they are included (checkpoint.hpp, tracking.hpp,
-// profiling.hpp, accel.hpp) and those members are called.
+// Declared only: save_state() and its kin, init_trackers() and log(),
+// profile(), and gather_object() and broadcast_object() reach these through
+// detail::deferred_t, so their headers (the checkpoint writer and reader, the
+// trackers, LibTorch's profiler, the object encoding with nlohmann's json)
+// are compiled only where they are included (checkpoint.hpp, tracking.hpp,
+// profiling.hpp, ops.hpp, accel.hpp) and those members are called.
 namespace accel::ckpt {
 struct StateIo;
 }  // namespace accel::ckpt
@@ -62,6 +62,9 @@ class Trackers;
 namespace accel::profiling {
 class Trace;
 }  // namespace accel::profiling
+namespace accel::ops {
+struct ObjectCollectives;
+}  // namespace accel::ops
 
 namespace accel {
 
@@ -306,12 +309,18 @@ class Accelerator {
   /// containers keep their structure). Tensors come back on device().
   template <class T>
   std::vector<T> gather_object(const T& obj) {
-    return ops::gather_object(*state_->comm, obj, state_->device);
+    using objects = detail::deferred_t<ops::ObjectCollectives, T>;
+    static_assert(detail::complete_type<objects>, "accel: gather_object(), broadcast_object() and "
+                  "gather_for_metrics() of a vector need #include <accel/ops.hpp> (or <accel/accel.hpp>).");
+    return objects::gather(*state_->comm, obj, state_->device);
   }
   /// Rank src's obj on every rank.
   template <class T>
   T broadcast_object(T obj, int src = 0) {
-    return ops::broadcast_object(*state_->comm, std::move(obj), src, state_->device);
+    using objects = detail::deferred_t<ops::ObjectCollectives, T>;
+    static_assert(detail::complete_type<objects>, "accel: gather_object(), broadcast_object() and "
+                  "gather_for_metrics() of a vector need #include <accel/ops.hpp> (or <accel/accel.hpp>).");
+    return objects::broadcast(*state_->comm, std::move(obj), src, state_->device);
   }
   /// This process's contiguous share of items (sizes differ by at most one).
   /// With apply_padding every rank gets the same count, its last item

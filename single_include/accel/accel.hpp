@@ -5305,12 +5305,40 @@ T to_device(T batch, const torch::Device& device, bool non_blocking) {
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
-
-#include <nlohmann/json.hpp>
+#include <variant>
+#include <vector>
 
 
 namespace accel::profiling {
+
+/// One recorded event in Chrome trace terms. Plain data, so that the hot
+/// path (bucket rounds, optimizer steps, loaders) compiles no JSON: trace.hpp
+/// writes it out.
+struct Event {
+  using Arg = std::pair<std::string, std::variant<int64_t, double, std::string>>;
+  std::string name;
+  const char* category;  // a string literal at every call site
+  char phase;            // 'X' complete; 'b', 'n', 'e' an asynchronous span
+  int64_t ts_us;
+  int64_t dur_us = 0;    // 'X' only
+  int64_t id = -1;       // asynchronous spans only
+  int64_t tid = 0;
+  std::vector<Arg> args;
+};
+
+/// An argument shown with an event: integers, floating point, else a string.
+template <class V>
+Event::Arg event_arg(std::string key, V&& value) {
+  using U = std::remove_cvref_t<V>;
+  if constexpr (std::is_integral_v<U>)
+    return {std::move(key), static_cast<int64_t>(value)};
+  else if constexpr (std::is_floating_point_v<U>)
+    return {std::move(key), static_cast<double>(value)};
+  else
+    return {std::move(key), std::string(std::forward<V>(value))};
+}
 
 /// The process's recording of accel events. When nothing records, every
 /// call site costs one relaxed atomic load: no clock read, no allocation.
@@ -5330,16 +5358,15 @@ class Events {
 
   /// A complete ("X") event on the calling thread.
   static void complete(const char* name, const char* category, int64_t begin_us, int64_t end_us,
-                       nlohmann::json args = nlohmann::json::object()) {
-    add({{"name", name}, {"cat", category}, {"ph", "X"}, {"ts", begin_us},
-         {"dur", end_us - begin_us}, {"tid", thread_id()}, {"args", std::move(args)}});
+                       std::vector<Event::Arg> args = {}) {
+    add(Event{name, category, 'X', begin_us, end_us - begin_us, -1, thread_id(), std::move(args)});
   }
-  /// One end of an asynchronous span ("b" or "e"): a bucket's reduction runs
-  /// while the thread that started it goes on, so it gets its own row.
-  static void async(char phase, const std::string& name, const char* category, int64_t id, int64_t ts_us,
-                    nlohmann::json args = nlohmann::json::object()) {
-    add({{"name", name}, {"cat", category}, {"ph", std::string(1, phase)}, {"id", id}, {"ts", ts_us},
-         {"tid", thread_id()}, {"args", std::move(args)}});
+  /// One end of an asynchronous span ("b" or "e", or "n" a mark inside it): a
+  /// bucket's reduction runs while the thread that started it goes on, so it
+  /// gets its own row.
+  static void async(char phase, std::string name, const char* category, int64_t id, int64_t ts_us,
+                    std::vector<Event::Arg> args = {}) {
+    add(Event{std::move(name), category, phase, ts_us, 0, id, thread_id(), std::move(args)});
   }
 
   /// Starts recording (Trace's constructor); one recording at a time.
@@ -5348,15 +5375,15 @@ class Events {
     std::lock_guard lock(s.mutex);
     ACCEL_CHECK(!on_.load(), "accel: profile() was called while another profile() object of this "
                 "process is still recording. Let the first one go out of scope (or stop() it) first.");
-    s.events = nlohmann::json::array();
+    s.events.clear();
     on_.store(true);
   }
   /// Stops recording and hands over what was recorded (Trace's stop()).
-  static nlohmann::json stop() {
+  static std::vector<Event> stop() {
     auto& s = state();
     std::lock_guard lock(s.mutex);
     on_.store(false);
-    return std::exchange(s.events, nlohmann::json::array());
+    return std::exchange(s.events, {});
   }
 
  private:
@@ -5364,13 +5391,13 @@ class Events {
   inline static std::atomic<bool> on_{false};
   struct State {
     std::mutex mutex;  // reductions finish and loaders prefetch on other threads
-    nlohmann::json events = nlohmann::json::array();
+    std::vector<Event> events;
   };
   static State& state() {
     static State s;  // one per program: an inline function's static
     return s;
   }
-  static void add(nlohmann::json event) {
+  static void add(Event event) {
     auto& s = state();
     std::lock_guard lock(s.mutex);
     if (on_.load()) s.events.push_back(std::move(event));  // a span that outlived stop() is dropped
@@ -5388,22 +5415,21 @@ class Span {
   ~Span() {
     if (begin_us_ < 0) return;
     try {
-      Events::complete(name_, category_, begin_us_, Events::now_us(),
-                       args_.is_null() ? nlohmann::json::object() : std::move(args_));
+      Events::complete(name_, category_, begin_us_, Events::now_us(), std::move(args_));
     } catch (...) {  // profiling never breaks training
     }
   }
   /// Adds an argument shown with the event (only evaluated while recording).
   template <class V>
   void arg(const char* key, V&& value) {
-    if (begin_us_ >= 0) args_[key] = std::forward<V>(value);
+    if (begin_us_ >= 0) args_.push_back(event_arg(key, std::forward<V>(value)));
   }
 
  private:
   const char* name_;
   const char* category_;
   int64_t begin_us_;
-  nlohmann::json args_;  // null until an argument is set: no allocation when not recording
+  std::vector<Event::Arg> args_;  // empty until an argument is set: no allocation when not recording
 };
 
 }  // namespace accel::profiling
@@ -10681,6 +10707,8 @@ inline torch::Tensor checkpoint_sequential(const torch::nn::Sequential& seq, tor
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -10710,23 +10738,31 @@ inline void write_json_atomic(const std::filesystem::path& file, const nlohmann:
 
 /// Drops the asynchronous spans that recording cut in half (begun before it
 /// started or ended after it stopped): every "b" has its "e" in the file.
-inline nlohmann::json matched_spans(nlohmann::json events) {
+inline std::vector<Event> matched_spans(std::vector<Event> events) {
+  const auto async = [](const Event& e) { return e.phase == 'b' || e.phase == 'n' || e.phase == 'e'; };
   std::set<std::pair<std::string, int64_t>> begun, ended;
   for (const auto& e : events) {
-    const auto ph = e["ph"].get<std::string>();
-    if (ph == "b") begun.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
-    if (ph == "e") ended.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+    if (e.phase == 'b') begun.emplace(e.category, e.id);
+    if (e.phase == 'e') ended.emplace(e.category, e.id);
   }
-  nlohmann::json kept = nlohmann::json::array();
-  for (auto& e : events) {
-    const auto ph = e["ph"].get<std::string>();
-    if (ph == "b" || ph == "n" || ph == "e") {
-      const std::pair key{e["cat"].get<std::string>(), e["id"].get<int64_t>()};
-      if (!begun.count(key) || !ended.count(key)) continue;
-    }
-    kept.push_back(std::move(e));
-  }
-  return kept;
+  std::erase_if(events, [&](const Event& e) {
+    const std::pair key{std::string(e.category), e.id};
+    return async(e) && (!begun.count(key) || !ended.count(key));
+  });
+  return events;
+}
+
+/// An accel event as a Chrome trace event of process `pid`.
+inline nlohmann::json event_json(const Event& e, int pid) {
+  nlohmann::json args = nlohmann::json::object();
+  for (const auto& arg : e.args) std::visit([&](const auto& v) { args[arg.first] = v; }, arg.second);
+  nlohmann::json j = {{"name", e.name}, {"cat", e.category}, {"ph", std::string(1, e.phase)}, {"ts", e.ts_us},
+                      {"pid", pid}, {"tid", e.tid}, {"args", std::move(args)}};
+  if (e.phase == 'X')
+    j["dur"] = e.dur_us;
+  else
+    j["id"] = e.id;
+  return j;
 }
 
 /// LibTorch's legacy profiler events as Chrome "X" events: each push matched
@@ -10836,10 +10872,8 @@ class Trace {
         e["pid"] = rank;
         out.push_back(std::move(e));
       }
-      for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
-        e["pid"] = rank;
-        out.push_back(std::move(e));
-      }
+      for (const auto& e : detail::matched_spans(std::move(own)))  // already in us since the epoch
+        out.push_back(detail::event_json(e, rank));
       detail::write_json_atomic(file, out);
     }
     int rank;
@@ -14593,251 +14627,6 @@ class Join {
 
 #endif  // ACCEL_OPS_JOIN_HPP
 // end <accel/ops/join.hpp>
-// begin <accel/ops/objects.hpp>
-// SPDX-License-Identifier: Apache-2.0
-/// @file Defines the object collectives gather_object / broadcast_object over
-/// any runtime::Communicator: a value of a supported type is encoded once
-/// (ops::encode_object: type-directed, to nlohmann::json and then CBOR bytes),
-/// the bytes travel as a uint8 tensor of the largest length across ranks, and
-/// each receiver decodes them back into the same type.
-#ifndef ACCEL_OPS_OBJECTS_HPP
-#define ACCEL_OPS_OBJECTS_HPP
-
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-#include <torch/torch.h>
-
-
-namespace accel::ops {
-
-namespace detail {
-template <class T> struct is_vector : std::false_type {};
-template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
-template <class T> struct is_map : std::false_type {};
-template <class K, class V, class C, class A> struct is_map<std::map<K, V, C, A>> : std::true_type {};
-template <class T> struct is_optional : std::false_type {};
-template <class T> struct is_optional<std::optional<T>> : std::true_type {};
-template <class T> struct is_pair : std::false_type {};
-template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
-template <class T> struct is_tuple : std::false_type {};
-template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
-
-/// A type nlohmann converts both ways: its own conversions, or the user's
-/// to_json/from_json found by ADL (or an adl_serializer specialisation).
-template <class T>
-concept JsonConvertible = requires(nlohmann::json& j, const T& t) {
-  nlohmann::json(t);
-  std::as_const(j).template get<T>();
-};
-
-template <class T> struct always_false : std::false_type {};
-}  // namespace detail
-
-/// Whether gather_object / broadcast_object can send a T (checked recursively
-/// into the containers below).
-template <class T>
-constexpr bool is_object_transferable() {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, torch::Tensor> || std::is_same_v<U, nlohmann::json> ||
-                std::is_arithmetic_v<U> || std::is_same_v<U, std::string>)
-    return true;
-  else if constexpr (detail::is_optional<U>::value || detail::is_vector<U>::value)
-    return is_object_transferable<typename U::value_type>();
-  else if constexpr (detail::is_map<U>::value)
-    return is_object_transferable<typename U::key_type>() &&
-           is_object_transferable<typename U::mapped_type>();
-  else if constexpr (detail::is_pair<U>::value)
-    return is_object_transferable<typename U::first_type>() &&
-           is_object_transferable<typename U::second_type>();
-  else if constexpr (detail::is_tuple<U>::value)
-    return []<class... E>(std::type_identity<std::tuple<E...>>) {
-      return (is_object_transferable<E>() && ...);
-    }(std::type_identity<U>{});
-  else
-    return detail::JsonConvertible<U>;
-}
-
-/// Encodes a value as JSON, keeping its structure: containers become arrays
-/// (maps: arrays of [key, value], so any key type works), std::nullopt is
-/// null, a tensor is {dtype, shape, data (the raw bytes, a binary value)}.
-template <class T>
-nlohmann::json encode_object(const T& value) {
-  static_assert(is_object_transferable<T>(),
-                "accel: gather_object/broadcast_object cannot send this type. Use arithmetic "
-                "types, std::string, torch::Tensor, nlohmann::json, std::vector/map/optional/"
-                "pair/tuple of those, or give the type to_json/from_json (nlohmann, found by ADL).");
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) {
-    if (!value.defined()) return nullptr;
-    ACCEL_CHECK(value.layout() == torch::kStrided && !value.is_quantized(),
-                "accel: gather_object/broadcast_object sends dense tensors only; got layout ",
-                value.layout(), ". Call .to_dense() (or dequantize()) first.");
-    auto t = value.detach().to(torch::kCPU).contiguous();
-    const auto* p = static_cast<const std::uint8_t*>(t.data_ptr());
-    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    return {{"dtype", static_cast<int>(t.scalar_type())},
-            {"shape", t.sizes().vec()},
-            {"data", nlohmann::json::binary(std::vector<std::uint8_t>(p, p + bytes))}};
-  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
-    return value;
-  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
-    return value;
-  } else if constexpr (detail::is_optional<U>::value) {
-    return value ? encode_object(*value) : nlohmann::json(nullptr);
-  } else if constexpr (detail::is_vector<U>::value) {
-    auto out = nlohmann::json::array();
-    for (const auto& e : value) {
-      if constexpr (std::is_same_v<typename U::value_type, bool>)  // vector<bool>'s proxies
-        out.push_back(static_cast<bool>(e));
-      else
-        out.push_back(encode_object(e));
-    }
-    return out;
-  } else if constexpr (detail::is_map<U>::value) {
-    auto out = nlohmann::json::array();
-    for (const auto& [k, v] : value) out.push_back({encode_object(k), encode_object(v)});
-    return out;
-  } else if constexpr (detail::is_pair<U>::value) {
-    return {encode_object(value.first), encode_object(value.second)};
-  } else if constexpr (detail::is_tuple<U>::value) {
-    auto out = nlohmann::json::array();
-    std::apply([&](const auto&... e) { (out.push_back(encode_object(e)), ...); }, value);
-    return out;
-  } else {
-    return nlohmann::json(value);
-  }
-}
-
-/// The inverse of encode_object<T>; tensors are made on `device`.
-template <class T>
-T decode_object(const nlohmann::json& j, const torch::Device& device = torch::kCPU) {
-  using U = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<U, torch::Tensor>) {
-    if (j.is_null()) return {};
-    const auto& data = j.at("data").get_binary();
-    auto t = torch::empty(j.at("shape").get<std::vector<int64_t>>(),
-                          torch::TensorOptions().dtype(static_cast<at::ScalarType>(j.at("dtype").get<int>())));
-    ACCEL_CHECK(data.size() == static_cast<std::size_t>(t.numel()) * t.element_size(),
-                "accel: a received tensor has ", data.size(), " bytes for shape ", t.sizes(),
-                ". Call the object collective with the same type on every rank.");
-    if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size());
-    return device.is_cpu() ? t : t.to(device);
-  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
-    return j;
-  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
-    return j.get<U>();
-  } else if constexpr (detail::is_optional<U>::value) {
-    if (j.is_null()) return std::nullopt;
-    return decode_object<typename U::value_type>(j, device);
-  } else if constexpr (detail::is_vector<U>::value) {
-    U out;
-    out.reserve(j.size());
-    for (const auto& e : j) out.push_back(decode_object<typename U::value_type>(e, device));
-    return out;
-  } else if constexpr (detail::is_map<U>::value) {
-    U out;
-    for (const auto& kv : j)
-      out.emplace(decode_object<typename U::key_type>(kv.at(0), device),
-                  decode_object<typename U::mapped_type>(kv.at(1), device));
-    return out;
-  } else if constexpr (detail::is_pair<U>::value) {
-    return U(decode_object<typename U::first_type>(j.at(0), device),
-             decode_object<typename U::second_type>(j.at(1), device));
-  } else if constexpr (detail::is_tuple<U>::value) {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return U(decode_object<std::tuple_element_t<I, U>>(j.at(I), device)...);
-    }(std::make_index_sequence<std::tuple_size_v<U>>{});
-  } else {
-    return j.get<U>();
-  }
-}
-
-/// A value as bytes (CBOR of encode_object), and back.
-template <class T>
-std::vector<std::uint8_t> to_bytes(const T& value) {
-  return nlohmann::json::to_cbor(encode_object(value));
-}
-template <class T>
-T from_bytes(const std::uint8_t* data, std::size_t size, const torch::Device& device = torch::kCPU) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::from_cbor(data, data + size);
-    return decode_object<T>(j, device);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(accel::detail::concat("accel: an object collective received data that does not "
-                                      "decode as the requested type (", e.what(),
-                                      "). Call it with the same type on every rank."));
-  }
-}
-
-namespace detail {
-inline torch::Tensor bytes_tensor(const std::vector<std::uint8_t>& bytes, int64_t size,
-                                  const torch::Device& device) {
-  auto t = torch::zeros({size}, torch::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return device.is_cpu() ? t : t.to(device);
-}
-}  // namespace detail
-
-/// Every rank's `obj`, in rank order (two all-gathers: the lengths, then the
-/// bytes padded to the longest). Tensors come back on `device`, detached.
-template <class T>
-std::vector<T> gather_object(runtime::Communicator& comm, const T& obj,
-                             const torch::Device& device = torch::kCPU) {
-  const auto mine = to_bytes(obj);
-  const int world = comm.size();
-  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
-  auto len = torch::tensor({static_cast<int64_t>(mine.size())}, on);
-  auto lens = torch::empty({world}, on);
-  comm.all_gather(lens, len)->wait();
-  lens = lens.cpu();
-  const int64_t longest = lens.max().item<int64_t>();
-  auto all = torch::empty({world * longest}, torch::TensorOptions().dtype(torch::kByte).device(comm.device()));
-  comm.all_gather(all, detail::bytes_tensor(mine, longest, comm.device()))->wait();
-  all = all.cpu();
-  std::vector<T> out;
-  out.reserve(static_cast<std::size_t>(world));
-  const auto* base = static_cast<const std::uint8_t*>(all.data_ptr());
-  for (int r = 0; r < world; ++r)
-    out.push_back(from_bytes<T>(base + r * longest, static_cast<std::size_t>(lens[r].item<int64_t>()), device));
-  return out;
-}
-
-/// Rank src's `obj` on every rank (two broadcasts: the length, then the
-/// bytes). src gets its own obj back unchanged; the others decode theirs,
-/// tensors on `device`.
-template <class T>
-T broadcast_object(runtime::Communicator& comm, T obj, int src = 0,
-                   const torch::Device& device = torch::kCPU) {
-  ACCEL_CHECK(src >= 0 && src < comm.size(), "accel: broadcast_object() source rank ", src,
-              " is outside world size ", comm.size(), ". Use a rank in [0, ", comm.size(), ").");
-  if (comm.size() == 1) return obj;
-  std::vector<std::uint8_t> bytes;
-  if (comm.rank() == src) bytes = to_bytes(obj);
-  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
-  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, on);
-  comm.broadcast(len, src)->wait();
-  const int64_t n = len.cpu().item<int64_t>();
-  auto data = detail::bytes_tensor(bytes, n, comm.device());
-  comm.broadcast(data, src)->wait();
-  if (comm.rank() == src) return obj;
-  data = data.cpu();
-  return from_bytes<T>(static_cast<const std::uint8_t*>(data.data_ptr()), static_cast<std::size_t>(n), device);
-}
-
-}  // namespace accel::ops
-
-#endif  // ACCEL_OPS_OBJECTS_HPP
-// end <accel/ops/objects.hpp>
 // begin <accel/ops/split.hpp>
 // SPDX-License-Identifier: Apache-2.0
 /// @file Defines split_between_processes (each rank's contiguous share of a
@@ -15278,13 +15067,15 @@ class BucketRound {
   void trace_queued(std::size_t b) {
     if (!profiling::Events::recording()) return;
     trace_id_[b] = rounds_ * static_cast<int64_t>(params_of_.size()) + static_cast<int64_t>(b);
+    using profiling::event_arg;
     profiling::Events::async('b', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us(),
-                             {{"bucket", b}, {"bytes", reduction_.bucket_bytes(b)}, {"round", rounds_}});
+                             {event_arg("bucket", b), event_arg("bytes", reduction_.bucket_bytes(b)),
+                              event_arg("round", rounds_)});
   }
   void trace_started(std::size_t b, int64_t started_us) {
     if (trace_id_[b] < 0 || !profiling::Events::recording()) return;
     profiling::Events::async('n', "started: " + bucket_name(b), "accel.comm", trace_id_[b], started_us,
-                             {{"from", started_in_hook_ ? "backward" : "close"}});
+                             {profiling::event_arg("from", started_in_hook_ ? "backward" : "close")});
   }
   void trace_finished(std::size_t b) {
     if (trace_id_[b] < 0) return;
@@ -16357,7 +16148,7 @@ struct TrackerOptions {
 #include <type_traits>
 #include <variant>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace accel::tracking {
 
@@ -16392,9 +16183,11 @@ class Value {
   }
 
   /// JSON value; NaN and infinities (not JSON) become the strings "nan", "inf", "-inf".
-  nlohmann::json to_json() const {
+  /// A template so that only its callers compile nlohmann's json (they include it).
+  template <class Json = nlohmann::json>
+  Json to_json() const {
     return std::visit(
-        [](const auto& x) -> nlohmann::json {
+        [](const auto& x) -> Json {
           using X = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<X, double>) {
             if (std::isnan(x)) return "nan";
@@ -16443,11 +16236,12 @@ using Config = std::map<std::string, Value>;
 #endif  // ACCEL_TRACKING_VALUE_HPP
 // end <accel/tracking/value.hpp>
 
-// Declared only: save_state() and its kin, init_trackers() and log(), and
-// profile() reach these through detail::deferred_t, so their headers (the
-// checkpoint writer and reader, the trackers, LibTorch's profiler) are
-// compiled only where they are included (checkpoint.hpp, tracking.hpp,
-// profiling.hpp, accel.hpp) and those members are called.
+// Declared only: save_state() and its kin, init_trackers() and log(),
+// profile(), and gather_object() and broadcast_object() reach these through
+// detail::deferred_t, so their headers (the checkpoint writer and reader, the
+// trackers, LibTorch's profiler, the object encoding with nlohmann's json)
+// are compiled only where they are included (checkpoint.hpp, tracking.hpp,
+// profiling.hpp, ops.hpp, accel.hpp) and those members are called.
 namespace accel::ckpt {
 struct StateIo;
 }  // namespace accel::ckpt
@@ -16457,6 +16251,9 @@ class Trackers;
 namespace accel::profiling {
 class Trace;
 }  // namespace accel::profiling
+namespace accel::ops {
+struct ObjectCollectives;
+}  // namespace accel::ops
 
 namespace accel {
 
@@ -16701,12 +16498,18 @@ class Accelerator {
   /// containers keep their structure). Tensors come back on device().
   template <class T>
   std::vector<T> gather_object(const T& obj) {
-    return ops::gather_object(*state_->comm, obj, state_->device);
+    using objects = detail::deferred_t<ops::ObjectCollectives, T>;
+    static_assert(detail::complete_type<objects>, "accel: gather_object(), broadcast_object() and "
+                  "gather_for_metrics() of a vector need #include <accel/ops.hpp> (or <accel/accel.hpp>).");
+    return objects::gather(*state_->comm, obj, state_->device);
   }
   /// Rank src's obj on every rank.
   template <class T>
   T broadcast_object(T obj, int src = 0) {
-    return ops::broadcast_object(*state_->comm, std::move(obj), src, state_->device);
+    using objects = detail::deferred_t<ops::ObjectCollectives, T>;
+    static_assert(detail::complete_type<objects>, "accel: gather_object(), broadcast_object() and "
+                  "gather_for_metrics() of a vector need #include <accel/ops.hpp> (or <accel/accel.hpp>).");
+    return objects::broadcast(*state_->comm, std::move(obj), src, state_->device);
   }
   /// This process's contiguous share of items (sizes differ by at most one).
   /// With apply_padding every rank gets the same count, its last item
@@ -17246,6 +17049,265 @@ class Accelerator {
 #ifndef ACCEL_OPS_HPP
 #define ACCEL_OPS_HPP
 
+// begin <accel/ops/objects.hpp>
+// SPDX-License-Identifier: Apache-2.0
+/// @file Defines the object collectives gather_object / broadcast_object over
+/// any runtime::Communicator: a value of a supported type is encoded once
+/// (ops::encode_object: type-directed, to nlohmann::json and then CBOR bytes),
+/// the bytes travel as a uint8 tensor of the largest length across ranks, and
+/// each receiver decodes them back into the same type.
+#ifndef ACCEL_OPS_OBJECTS_HPP
+#define ACCEL_OPS_OBJECTS_HPP
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+
+namespace accel::ops {
+
+namespace detail {
+template <class T> struct is_vector : std::false_type {};
+template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T> struct is_map : std::false_type {};
+template <class K, class V, class C, class A> struct is_map<std::map<K, V, C, A>> : std::true_type {};
+template <class T> struct is_optional : std::false_type {};
+template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_pair : std::false_type {};
+template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T> struct is_tuple : std::false_type {};
+template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+/// A type nlohmann converts both ways: its own conversions, or the user's
+/// to_json/from_json found by ADL (or an adl_serializer specialisation).
+template <class T>
+concept JsonConvertible = requires(nlohmann::json& j, const T& t) {
+  nlohmann::json(t);
+  std::as_const(j).template get<T>();
+};
+
+template <class T> struct always_false : std::false_type {};
+}  // namespace detail
+
+/// Whether gather_object / broadcast_object can send a T (checked recursively
+/// into the containers below).
+template <class T>
+constexpr bool is_object_transferable() {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor> || std::is_same_v<U, nlohmann::json> ||
+                std::is_arithmetic_v<U> || std::is_same_v<U, std::string>)
+    return true;
+  else if constexpr (detail::is_optional<U>::value || detail::is_vector<U>::value)
+    return is_object_transferable<typename U::value_type>();
+  else if constexpr (detail::is_map<U>::value)
+    return is_object_transferable<typename U::key_type>() &&
+           is_object_transferable<typename U::mapped_type>();
+  else if constexpr (detail::is_pair<U>::value)
+    return is_object_transferable<typename U::first_type>() &&
+           is_object_transferable<typename U::second_type>();
+  else if constexpr (detail::is_tuple<U>::value)
+    return []<class... E>(std::type_identity<std::tuple<E...>>) {
+      return (is_object_transferable<E>() && ...);
+    }(std::type_identity<U>{});
+  else
+    return detail::JsonConvertible<U>;
+}
+
+/// Encodes a value as JSON, keeping its structure: containers become arrays
+/// (maps: arrays of [key, value], so any key type works), std::nullopt is
+/// null, a tensor is {dtype, shape, data (the raw bytes, a binary value)}.
+template <class T>
+nlohmann::json encode_object(const T& value) {
+  static_assert(is_object_transferable<T>(),
+                "accel: gather_object/broadcast_object cannot send this type. Use arithmetic "
+                "types, std::string, torch::Tensor, nlohmann::json, std::vector/map/optional/"
+                "pair/tuple of those, or give the type to_json/from_json (nlohmann, found by ADL).");
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (!value.defined()) return nullptr;
+    ACCEL_CHECK(value.layout() == torch::kStrided && !value.is_quantized(),
+                "accel: gather_object/broadcast_object sends dense tensors only; got layout ",
+                value.layout(), ". Call .to_dense() (or dequantize()) first.");
+    auto t = value.detach().to(torch::kCPU).contiguous();
+    const auto* p = static_cast<const std::uint8_t*>(t.data_ptr());
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    return {{"dtype", static_cast<int>(t.scalar_type())},
+            {"shape", t.sizes().vec()},
+            {"data", nlohmann::json::binary(std::vector<std::uint8_t>(p, p + bytes))}};
+  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
+    return value;
+  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
+    return value;
+  } else if constexpr (detail::is_optional<U>::value) {
+    return value ? encode_object(*value) : nlohmann::json(nullptr);
+  } else if constexpr (detail::is_vector<U>::value) {
+    auto out = nlohmann::json::array();
+    for (const auto& e : value) {
+      if constexpr (std::is_same_v<typename U::value_type, bool>)  // vector<bool>'s proxies
+        out.push_back(static_cast<bool>(e));
+      else
+        out.push_back(encode_object(e));
+    }
+    return out;
+  } else if constexpr (detail::is_map<U>::value) {
+    auto out = nlohmann::json::array();
+    for (const auto& [k, v] : value) out.push_back({encode_object(k), encode_object(v)});
+    return out;
+  } else if constexpr (detail::is_pair<U>::value) {
+    return {encode_object(value.first), encode_object(value.second)};
+  } else if constexpr (detail::is_tuple<U>::value) {
+    auto out = nlohmann::json::array();
+    std::apply([&](const auto&... e) { (out.push_back(encode_object(e)), ...); }, value);
+    return out;
+  } else {
+    return nlohmann::json(value);
+  }
+}
+
+/// The inverse of encode_object<T>; tensors are made on `device`.
+template <class T>
+T decode_object(const nlohmann::json& j, const torch::Device& device = torch::kCPU) {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, torch::Tensor>) {
+    if (j.is_null()) return {};
+    const auto& data = j.at("data").get_binary();
+    auto t = torch::empty(j.at("shape").get<std::vector<int64_t>>(),
+                          torch::TensorOptions().dtype(static_cast<at::ScalarType>(j.at("dtype").get<int>())));
+    ACCEL_CHECK(data.size() == static_cast<std::size_t>(t.numel()) * t.element_size(),
+                "accel: a received tensor has ", data.size(), " bytes for shape ", t.sizes(),
+                ". Call the object collective with the same type on every rank.");
+    if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size());
+    return device.is_cpu() ? t : t.to(device);
+  } else if constexpr (std::is_same_v<U, nlohmann::json>) {
+    return j;
+  } else if constexpr (std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
+    return j.get<U>();
+  } else if constexpr (detail::is_optional<U>::value) {
+    if (j.is_null()) return std::nullopt;
+    return decode_object<typename U::value_type>(j, device);
+  } else if constexpr (detail::is_vector<U>::value) {
+    U out;
+    out.reserve(j.size());
+    for (const auto& e : j) out.push_back(decode_object<typename U::value_type>(e, device));
+    return out;
+  } else if constexpr (detail::is_map<U>::value) {
+    U out;
+    for (const auto& kv : j)
+      out.emplace(decode_object<typename U::key_type>(kv.at(0), device),
+                  decode_object<typename U::mapped_type>(kv.at(1), device));
+    return out;
+  } else if constexpr (detail::is_pair<U>::value) {
+    return U(decode_object<typename U::first_type>(j.at(0), device),
+             decode_object<typename U::second_type>(j.at(1), device));
+  } else if constexpr (detail::is_tuple<U>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return U(decode_object<std::tuple_element_t<I, U>>(j.at(I), device)...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else {
+    return j.get<U>();
+  }
+}
+
+/// A value as bytes (CBOR of encode_object), and back.
+template <class T>
+std::vector<std::uint8_t> to_bytes(const T& value) {
+  return nlohmann::json::to_cbor(encode_object(value));
+}
+template <class T>
+T from_bytes(const std::uint8_t* data, std::size_t size, const torch::Device& device = torch::kCPU) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::from_cbor(data, data + size);
+    return decode_object<T>(j, device);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(accel::detail::concat("accel: an object collective received data that does not "
+                                      "decode as the requested type (", e.what(),
+                                      "). Call it with the same type on every rank."));
+  }
+}
+
+namespace detail {
+inline torch::Tensor bytes_tensor(const std::vector<std::uint8_t>& bytes, int64_t size,
+                                  const torch::Device& device) {
+  auto t = torch::zeros({size}, torch::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return device.is_cpu() ? t : t.to(device);
+}
+}  // namespace detail
+
+/// Every rank's `obj`, in rank order (two all-gathers: the lengths, then the
+/// bytes padded to the longest). Tensors come back on `device`, detached.
+template <class T>
+std::vector<T> gather_object(runtime::Communicator& comm, const T& obj,
+                             const torch::Device& device = torch::kCPU) {
+  const auto mine = to_bytes(obj);
+  const int world = comm.size();
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto len = torch::tensor({static_cast<int64_t>(mine.size())}, on);
+  auto lens = torch::empty({world}, on);
+  comm.all_gather(lens, len)->wait();
+  lens = lens.cpu();
+  const int64_t longest = lens.max().item<int64_t>();
+  auto all = torch::empty({world * longest}, torch::TensorOptions().dtype(torch::kByte).device(comm.device()));
+  comm.all_gather(all, detail::bytes_tensor(mine, longest, comm.device()))->wait();
+  all = all.cpu();
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(world));
+  const auto* base = static_cast<const std::uint8_t*>(all.data_ptr());
+  for (int r = 0; r < world; ++r)
+    out.push_back(from_bytes<T>(base + r * longest, static_cast<std::size_t>(lens[r].item<int64_t>()), device));
+  return out;
+}
+
+/// Rank src's `obj` on every rank (two broadcasts: the length, then the
+/// bytes). src gets its own obj back unchanged; the others decode theirs,
+/// tensors on `device`.
+template <class T>
+T broadcast_object(runtime::Communicator& comm, T obj, int src = 0,
+                   const torch::Device& device = torch::kCPU) {
+  ACCEL_CHECK(src >= 0 && src < comm.size(), "accel: broadcast_object() source rank ", src,
+              " is outside world size ", comm.size(), ". Use a rank in [0, ", comm.size(), ").");
+  if (comm.size() == 1) return obj;
+  std::vector<std::uint8_t> bytes;
+  if (comm.rank() == src) bytes = to_bytes(obj);
+  const auto on = torch::TensorOptions().dtype(torch::kLong).device(comm.device());
+  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, on);
+  comm.broadcast(len, src)->wait();
+  const int64_t n = len.cpu().item<int64_t>();
+  auto data = detail::bytes_tensor(bytes, n, comm.device());
+  comm.broadcast(data, src)->wait();
+  if (comm.rank() == src) return obj;
+  data = data.cpu();
+  return from_bytes<T>(static_cast<const std::uint8_t*>(data.data_ptr()), static_cast<std::size_t>(n), device);
+}
+
+/// The two object collectives as one class: what Accelerator::gather_object()
+/// and broadcast_object() call, named through detail::deferred_t, so that
+/// accelerator.hpp need not include this header (nor nlohmann's json).
+struct ObjectCollectives {
+  template <class T>
+  static std::vector<T> gather(runtime::Communicator& comm, const T& obj, const torch::Device& device) {
+    return gather_object(comm, obj, device);
+  }
+  template <class T>
+  static T broadcast(runtime::Communicator& comm, T obj, int src, const torch::Device& device) {
+    return broadcast_object(comm, std::move(obj), src, device);
+  }
+};
+
+}  // namespace accel::ops
+
+#endif  // ACCEL_OPS_OBJECTS_HPP
+// end <accel/ops/objects.hpp>
 
 #endif  // ACCEL_OPS_HPP
 // end <accel/ops.hpp>

@@ -240,6 +240,20 @@ T broadcast_object(runtime::Communicator& comm, T obj, int src = 0,
   return from_bytes<T>(static_cast<const std::uint8_t*>(data.data_ptr()), static_cast<std::size_t>(n), device);
 }
 
+/// The two object collectives as one class: what Accelerator::gather_object()
+/// and broadcast_object() call, named through detail::deferred_t, so that
+/// accelerator.hpp need not include this header (nor nlohmann's json).
+struct ObjectCollectives {
+  template <class T>
+  static std::vector<T> gather(runtime::Communicator& comm, const T& obj, const torch::Device& device) {
+    return gather_object(comm, obj, device);
+  }
+  template <class T>
+  static T broadcast(runtime::Communicator& comm, T obj, int src, const torch::Device& device) {
+    return broadcast_object(comm, std::move(obj), src, device);
+  }
+};
+
 }  // namespace accel::ops
 
 #endif  // ACCEL_OPS_OBJECTS_HPP

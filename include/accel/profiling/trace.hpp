@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -49,23 +51,31 @@ inline void write_json_atomic(const std::filesystem::path& file, const nlohmann:
 
 /// Drops the asynchronous spans that recording cut in half (begun before it
 /// started or ended after it stopped): every "b" has its "e" in the file.
-inline nlohmann::json matched_spans(nlohmann::json events) {
+inline std::vector<Event> matched_spans(std::vector<Event> events) {
+  const auto async = [](const Event& e) { return e.phase == 'b' || e.phase == 'n' || e.phase == 'e'; };
   std::set<std::pair<std::string, int64_t>> begun, ended;
   for (const auto& e : events) {
-    const auto ph = e["ph"].get<std::string>();
-    if (ph == "b") begun.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
-    if (ph == "e") ended.emplace(e["cat"].get<std::string>(), e["id"].get<int64_t>());
+    if (e.phase == 'b') begun.emplace(e.category, e.id);
+    if (e.phase == 'e') ended.emplace(e.category, e.id);
   }
-  nlohmann::json kept = nlohmann::json::array();
-  for (auto& e : events) {
-    const auto ph = e["ph"].get<std::string>();
-    if (ph == "b" || ph == "n" || ph == "e") {
-      const std::pair key{e["cat"].get<std::string>(), e["id"].get<int64_t>()};
-      if (!begun.count(key) || !ended.count(key)) continue;
-    }
-    kept.push_back(std::move(e));
-  }
-  return kept;
+  std::erase_if(events, [&](const Event& e) {
+    const std::pair key{std::string(e.category), e.id};
+    return async(e) && (!begun.count(key) || !ended.count(key));
+  });
+  return events;
+}
+
+/// An accel event as a Chrome trace event of process `pid`.
+inline nlohmann::json event_json(const Event& e, int pid) {
+  nlohmann::json args = nlohmann::json::object();
+  for (const auto& arg : e.args) std::visit([&](const auto& v) { args[arg.first] = v; }, arg.second);
+  nlohmann::json j = {{"name", e.name}, {"cat", e.category}, {"ph", std::string(1, e.phase)}, {"ts", e.ts_us},
+                      {"pid", pid}, {"tid", e.tid}, {"args", std::move(args)}};
+  if (e.phase == 'X')
+    j["dur"] = e.dur_us;
+  else
+    j["id"] = e.id;
+  return j;
 }
 
 /// LibTorch's legacy profiler events as Chrome "X" events: each push matched
@@ -175,10 +185,8 @@ class Trace {
         e["pid"] = rank;
         out.push_back(std::move(e));
       }
-      for (auto& e : detail::matched_spans(std::move(own))) {  // already in us since the epoch
-        e["pid"] = rank;
-        out.push_back(std::move(e));
-      }
+      for (const auto& e : detail::matched_spans(std::move(own)))  // already in us since the epoch
+        out.push_back(detail::event_json(e, rank));
       detail::write_json_atomic(file, out);
     }
     int rank;

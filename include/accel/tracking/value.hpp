@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <variant>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace accel::tracking {
 
@@ -48,9 +48,11 @@ class Value {
   }
 
   /// JSON value; NaN and infinities (not JSON) become the strings "nan", "inf", "-inf".
-  nlohmann::json to_json() const {
+  /// A template so that only its callers compile nlohmann's json (they include it).
+  template <class Json = nlohmann::json>
+  Json to_json() const {
     return std::visit(
-        [](const auto& x) -> nlohmann::json {
+        [](const auto& x) -> Json {
           using X = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<X, double>) {
             if (std::isnan(x)) return "nan";

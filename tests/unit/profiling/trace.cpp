@@ -191,6 +191,7 @@ TEST_CASE("profile: accel's events (bucket reductions, waits, data loading, save
         ++begun[e["name"].get<std::string>()];
         if (e["args"]["round"] == 0) bytes_per_round += e["args"]["bytes"].get<int64_t>();
       }
+      if (ph == "n") CHECK((e["args"]["from"] == "backward" || e["args"]["from"] == "close"));
       if (ph == "e") ++ended[e["name"].get<std::string>()];
     }
     REQUIRE(begun.size() >= 2);  // several buckets
@@ -204,6 +205,8 @@ TEST_CASE("profile: accel's events (bucket reductions, waits, data loading, save
     CHECK(named(events, "accel: data loading", rank).size() == 4);
     CHECK(named(events, "accel: save_state", rank).size() == 1);
     CHECK_FALSE(named(events, "accel: wait for bucket reduction", rank).empty());
+    for (const auto& w : named(events, "accel: wait for bucket reduction", rank))
+      CHECK((w["args"]["bucket"] == 0 || w["args"]["bucket"] == 1));
   }
   // Each wait sits inside a step's wait, on the same thread (one track).
   for (const auto& w : named(events, "accel: wait for bucket reduction")) {

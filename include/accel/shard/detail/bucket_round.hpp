@@ -193,13 +193,15 @@ class BucketRound {
   void trace_queued(std::size_t b) {
     if (!profiling::Events::recording()) return;
     trace_id_[b] = rounds_ * static_cast<int64_t>(params_of_.size()) + static_cast<int64_t>(b);
+    using profiling::event_arg;
     profiling::Events::async('b', bucket_name(b), "accel.comm", trace_id_[b], profiling::Events::now_us(),
-                             {{"bucket", b}, {"bytes", reduction_.bucket_bytes(b)}, {"round", rounds_}});
+                             {event_arg("bucket", b), event_arg("bytes", reduction_.bucket_bytes(b)),
+                              event_arg("round", rounds_)});
   }
   void trace_started(std::size_t b, int64_t started_us) {
     if (trace_id_[b] < 0 || !profiling::Events::recording()) return;
     profiling::Events::async('n', "started: " + bucket_name(b), "accel.comm", trace_id_[b], started_us,
-                             {{"from", started_in_hook_ ? "backward" : "close"}});
+                             {profiling::event_arg("from", started_in_hook_ ? "backward" : "close")});
   }
   void trace_finished(std::size_t b) {
     if (trace_id_[b] < 0) return;
