@@ -11417,6 +11417,7 @@ struct LaunchOptions {
 #define ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -11938,18 +11939,23 @@ inline int pick_free_port(const std::string& addr = "127.0.0.1") {
   return ntohs(sa.sin_port);
 }
 
+/// 0 when addr:port can be listened on now (bound and released at once),
+/// else -errno: -EADDRINUSE when something holds it.
+inline int bind_error(const std::string& addr, int port) {
+  const int fd = bind_tcp(addr, port);
+  if (fd < 0) return fd;
+  ::close(fd);
+  return 0;
+}
+
 /// Throws when addr:port cannot be listened on because something holds it.
 inline void ensure_port_free(const std::string& addr, int port) {
-  const int fd = bind_tcp(addr, port);
-  if (fd >= 0) {
-    ::close(fd);
-    return;
-  }
-  if (fd == -EADDRINUSE)
+  const int err = bind_error(addr, port);
+  if (err == -EADDRINUSE)
     throw Error("accel: port " + std::to_string(port) + " on " + addr +
                 " is already in use. Pick another --main_process_port, or pass "
                 "--main_process_port 0 to let accel choose a free one.");
-  if (fd == -EACCES)
+  if (err == -EACCES)
     throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
                 "a --main_process_port above 1023, or 0 to let accel choose.");
 }
@@ -11976,11 +11982,7 @@ inline int agree_on_free_port(const std::string& file, int node_rank, const std:
   constexpr const char* kTag = "accel-rendezvous-port";
   if (node_rank == 0) {
     int port = preferred;
-    if (port != 0) {
-      const int fd = bind_tcp(addr, port);
-      if (fd >= 0) ::close(fd);
-      else port = 0;
-    }
+    if (port != 0 && bind_error(addr, port) != 0) port = 0;
     if (port == 0) port = pick_free_port(addr);
     const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
     {
@@ -12171,21 +12173,6 @@ inline void check_reachable(const std::string& host, int port, std::chrono::mill
                                       : std::string(std::strerror(err)),
                      "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
                      "the machines."));
-}
-
-/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
-/// -1 with errno set when it is taken.
-inline int try_bind(const std::string& host, int port) {
-  const int fd = bind_tcp(host, port);
-  if (fd < 0) {
-    errno = -fd;
-    return -1;
-  }
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return rc == 0 ? ntohs(addr.sin_port) : -1;
 }
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
@@ -13696,8 +13683,7 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     // Dry run first, as Accelerate's debug mode: spawn-time problems show up
     // as a clear error before any real work starts.
     if (opts.node_rank != 0) dl::check_reachable(opts.master_addr, opts.master_port, std::chrono::seconds(5));
-    if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
-        errno == EADDRINUSE)
+    if (opts.node_rank == 0 && dl::bind_error(opts.master_addr, opts.master_port) == -EADDRINUSE)
       throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
                   " on " + opts.master_addr +
                   " is already in use. Pass another master_port, or 0 to pick a free one.");

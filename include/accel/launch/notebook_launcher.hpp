@@ -6,6 +6,7 @@
 #define ACCEL_LAUNCH_NOTEBOOK_LAUNCHER_HPP
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -21,6 +22,7 @@
 #include <accel/config.hpp>
 #include <accel/errors.hpp>
 #include <accel/launch/detail/elastic.hpp>
+#include <accel/launch/detail/ports.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/detail/rank_env.hpp>
 #include <accel/launch/detail/worker_pool.hpp>
@@ -187,8 +189,7 @@ void notebook_launcher(F&& fn, std::tuple<Args...> args, LaunchOptions opts = {}
     // Dry run first, as Accelerate's debug mode: spawn-time problems show up
     // as a clear error before any real work starts.
     if (opts.node_rank != 0) dl::check_reachable(opts.master_addr, opts.master_port, std::chrono::seconds(5));
-    if (opts.node_rank == 0 && dl::try_bind(opts.master_addr, opts.master_port) < 0 &&
-        errno == EADDRINUSE)
+    if (opts.node_rank == 0 && dl::bind_error(opts.master_addr, opts.master_port) == -EADDRINUSE)
       throw Error("accel: debug launch: master_port " + std::to_string(opts.master_port) +
                   " on " + opts.master_addr +
                   " is already in use. Pass another master_port, or 0 to pick a free one.");

@@ -44,18 +44,23 @@ inline int pick_free_port(const std::string& addr = "127.0.0.1") {
   return ntohs(sa.sin_port);
 }
 
+/// 0 when addr:port can be listened on now (bound and released at once),
+/// else -errno: -EADDRINUSE when something holds it.
+inline int bind_error(const std::string& addr, int port) {
+  const int fd = bind_tcp(addr, port);
+  if (fd < 0) return fd;
+  ::close(fd);
+  return 0;
+}
+
 /// Throws when addr:port cannot be listened on because something holds it.
 inline void ensure_port_free(const std::string& addr, int port) {
-  const int fd = bind_tcp(addr, port);
-  if (fd >= 0) {
-    ::close(fd);
-    return;
-  }
-  if (fd == -EADDRINUSE)
+  const int err = bind_error(addr, port);
+  if (err == -EADDRINUSE)
     throw Error("accel: port " + std::to_string(port) + " on " + addr +
                 " is already in use. Pick another --main_process_port, or pass "
                 "--main_process_port 0 to let accel choose a free one.");
-  if (fd == -EACCES)
+  if (err == -EACCES)
     throw Error("accel: port " + std::to_string(port) + " needs privileges to listen on. Pick " +
                 "a --main_process_port above 1023, or 0 to let accel choose.");
 }
@@ -82,11 +87,7 @@ inline int agree_on_free_port(const std::string& file, int node_rank, const std:
   constexpr const char* kTag = "accel-rendezvous-port";
   if (node_rank == 0) {
     int port = preferred;
-    if (port != 0) {
-      const int fd = bind_tcp(addr, port);
-      if (fd >= 0) ::close(fd);
-      else port = 0;
-    }
+    if (port != 0 && bind_error(addr, port) != 0) port = 0;
     if (port == 0) port = pick_free_port(addr);
     const fs::path tmp = file + ".tmp" + std::to_string(::getpid());
     {

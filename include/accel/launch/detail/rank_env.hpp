@@ -24,7 +24,6 @@
 #include <string_view>
 
 #include <accel/errors.hpp>
-#include <accel/launch/detail/ports.hpp>
 #include <accel/launch/detail/posix.hpp>
 #include <accel/launch/launch_options.hpp>
 #include <accel/runtime/detail/tcp_probe.hpp>
@@ -153,21 +152,6 @@ inline void check_reachable(const std::string& host, int port, std::chrono::mill
                                       : std::string(std::strerror(err)),
                      "). Check --main_process_ip (MASTER_ADDR) and that no firewall sits between "
                      "the machines."));
-}
-
-/// Tries to bind host:port; returns the bound port (the kernel's pick for 0) or
-/// -1 with errno set when it is taken.
-inline int try_bind(const std::string& host, int port) {
-  const int fd = bind_tcp(host, port);
-  if (fd < 0) {
-    errno = -fd;
-    return -1;
-  }
-  sockaddr_in addr{};
-  socklen_t len = sizeof addr;
-  const int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return rc == 0 ? ntohs(addr.sin_port) : -1;
 }
 
 /// True when /proc/self/maps text shows the CUDA driver (libcuda.so) loaded:
