@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference for accel's CommHook::Fp16 (tests/unit/parallel/comm_hooks.cpp):
+"""Reference for accel's CommHook::Fp16 (tests/unit/comm/comm_hooks.cpp):
 PyTorch's own DDP with fp16_compress_hook, 2 Gloo processes, 5 SGD steps of
 a small MLP. Writes tests/baselines/fp16_compress_hook.safetensors holding
 the data, the initial parameters and the parameters after 5 steps.
