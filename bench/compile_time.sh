@@ -8,7 +8,8 @@
 #
 #   bench/compile_time.sh [BUILD_DIR=build-bench] [RUNS=5]
 #   BEFORE_INCLUDE=<old checkout>/include bench/compile_time.sh ...
-#     adds (a) compiled against older headers, in the same alternation.
+#     adds (d) = (a) and (e) = (c) compiled against older headers, in the same
+#     alternation.
 #
 # The compile commands are the project's own (Release, no precompiled header),
 # read from BUILD_DIR with `ninja -t commands` for the targets
@@ -33,13 +34,17 @@ compile_cmd() {  # target source-basename object
 cmd_a=$(compile_cmd compile_time_accel accel_prepare.cpp "$out/a.o")
 cmd_c=$(compile_cmd compile_time_accel_light accel_prepare.cpp "$out/c.o")
 cmd_b=$(compile_cmd compile_time_torch torch_plain.cpp "$out/b.o")
-cmd_d=
-[[ -n "${BEFORE_INCLUDE:-}" ]] && cmd_d=${cmd_a//-I$root\/include/-I$BEFORE_INCLUDE} && cmd_d=${cmd_d//$out\/a.o/$out\/d.o}
+cmd_d= cmd_e=
+if [[ -n "${BEFORE_INCLUDE:-}" ]]; then
+  cmd_d=${cmd_a//-I$root\/include/-I$BEFORE_INCLUDE} && cmd_d=${cmd_d//$out\/a.o/$out\/d.o}
+  cmd_e=${cmd_c//-I$root\/include/-I$BEFORE_INCLUDE} && cmd_e=${cmd_e//$out\/c.o/$out\/e.o}
+fi
 [[ -n "$cmd_a" && -n "$cmd_c" && -n "$cmd_b" ]] || { echo "compile_time.sh: no compile command found in $build" >&2; exit 1; }
 echo "compiler: $(${cmd_a%% *} --version | head -n 1)"
 echo "(a) $cmd_a"
 echo "(c) $cmd_c"
 [[ -z "$cmd_d" ]] || echo "(d) $cmd_d"
+[[ -z "$cmd_e" ]] || echo "(e) $cmd_e"
 echo "(b) $cmd_b"
 echo "nproc $(getconf _NPROCESSORS_ONLN), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -57,6 +62,7 @@ for ((i = 1; i <= runs; i++)); do
   measure "$cmd_c" "$out/c"
   measure "$cmd_b" "$out/b"
   [[ -z "$cmd_d" ]] || measure "$cmd_d" "$out/d"
+  [[ -z "$cmd_e" ]] || measure "$cmd_e" "$out/e"
   echo "run $i: accel $(tail -n 1 "$out/a")  light $(tail -n 1 "$out/c")  torch $(tail -n 1 "$out/b")  (wall cpu, s)"
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -80,3 +86,4 @@ row "(a) accel.hpp + Accelerator<>::prepare(model, optimizer, loader)" "$out/a"
 row "(c) accelerator.hpp + data.hpp, the same code" "$out/c"
 row "(b) torch/torch.h + the plain equivalent" "$out/b"
 [[ -z "$cmd_d" ]] || row "(d) (a) with the headers in $BEFORE_INCLUDE" "$out/d"
+[[ -z "$cmd_e" ]] || row "(e) (c) with the headers in $BEFORE_INCLUDE" "$out/e"

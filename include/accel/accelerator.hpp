@@ -53,18 +53,12 @@
 // trackers, LibTorch's profiler, the object encoding with nlohmann's json)
 // are compiled only where they are included (checkpoint.hpp, tracking.hpp,
 // profiling.hpp, ops.hpp, accel.hpp) and those members are called.
-namespace accel::ckpt {
-struct StateIo;
-}  // namespace accel::ckpt
-namespace accel::tracking {
-class Trackers;
-}  // namespace accel::tracking
-namespace accel::profiling {
-class Trace;
-}  // namespace accel::profiling
-namespace accel::ops {
-struct ObjectCollectives;
-}  // namespace accel::ops
+namespace accel {
+namespace ckpt { struct StateIo; }
+namespace tracking { class Trackers; }
+namespace profiling { class Trace; }
+namespace ops { struct ObjectCollectives; }
+}  // namespace accel
 
 namespace accel {
 
