@@ -52,14 +52,11 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1e3;  // KiB on Linux
 }
 
-// backend::Gloo with every collective's bytes counted. The worker is a
-// forked process of its own, so the Gloo communicator can live in a global.
-std::shared_ptr<accel::runtime::Communicator> g_gloo;
+// backend::Gloo with every collective's bytes counted.
 struct CountingGloo : accel::backend::Gloo {
   static std::shared_ptr<accel::runtime::Communicator> make_communicator(const accel::runtime::ProcessEnv& env,
                                                                          const accel::AcceleratorOptions& o) {
-    g_gloo = accel::backend::Gloo::make_communicator(env, o);
-    return std::make_shared<accel::runtime::CountingCommunicator>(*g_gloo);
+    return std::make_shared<accel::runtime::CountingCommunicator>(accel::backend::Gloo::make_communicator(env, o));
   }
 };
 

@@ -551,7 +551,9 @@ class LocalCommunicator final : public Communicator {
 
 namespace accel::runtime {
 
-/// Forwards to `inner` (which must outlive it). bytes() sums, over every
+/// Forwards to `inner`: a reference that must outlive it, or a shared_ptr it
+/// keeps (what a backend's make_communicator wraps). collectives() counts
+/// every call, barriers too; bytes() sums, over every
 /// collective, the bytes of this rank's contribution: the tensor of
 /// all_reduce and broadcast, the input of all_gather and reduce_scatter. A
 /// ring all-reduce puts about twice that on the wire, an all-gather N - 1
@@ -559,6 +561,7 @@ namespace accel::runtime {
 class CountingCommunicator final : public Communicator {
  public:
   explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  explicit CountingCommunicator(std::shared_ptr<Communicator> inner) : owned_(std::move(inner)), inner_(*owned_) {}
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -583,7 +586,10 @@ class CountingCommunicator final : public Communicator {
     count(tensor);
     return inner_.broadcast(tensor, src);
   }
-  void barrier() override { inner_.barrier(); }
+  void barrier() override {
+    ++collectives_;
+    inner_.barrier();
+  }
 
   int64_t bytes() const { return bytes_; }
   int64_t collectives() const { return collectives_; }
@@ -594,6 +600,7 @@ class CountingCommunicator final : public Communicator {
     bytes_ += static_cast<int64_t>(t.nbytes());
     ++collectives_;
   }
+  std::shared_ptr<Communicator> owned_;  // before inner_, which may refer to it
   Communicator& inner_;
   int64_t bytes_ = 0, collectives_ = 0;
 };

@@ -3,8 +3,8 @@
 #include <accel/accelerator.hpp>
 #include <accel/backend.hpp>
 #include <accel/launch/notebook_launcher.hpp>
+#include <accel/runtime/counting_communicator.hpp>
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -217,43 +217,10 @@ void main_first_throws_body() {
 
 
 // Gloo, with every collective counted: what accumulate() sends is observable.
-std::atomic<int> g_collectives{0};
-class CountingCommunicator final : public accel::runtime::Communicator {
- public:
-  explicit CountingCommunicator(std::shared_ptr<accel::runtime::Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view backend_name() const override { return inner_->backend_name(); }
-  torch::Device device() const override { return inner_->device(); }
-  std::shared_ptr<accel::runtime::Work> all_reduce(torch::Tensor& t, accel::runtime::ReduceOp op) override {
-    ++g_collectives;
-    return inner_->all_reduce(t, op);
-  }
-  std::shared_ptr<accel::runtime::Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override {
-    ++g_collectives;
-    return inner_->all_gather(out, in);
-  }
-  std::shared_ptr<accel::runtime::Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in,
-                                                       accel::runtime::ReduceOp op) override {
-    ++g_collectives;
-    return inner_->reduce_scatter(out, in, op);
-  }
-  std::shared_ptr<accel::runtime::Work> broadcast(torch::Tensor& t, int src) override {
-    ++g_collectives;
-    return inner_->broadcast(t, src);
-  }
-  void barrier() override {
-    ++g_collectives;
-    inner_->barrier();
-  }
-
- private:
-  std::shared_ptr<accel::runtime::Communicator> inner_;
-};
 struct CountingGloo : accel::backend::Gloo {
   static std::shared_ptr<accel::runtime::Communicator> make_communicator(const accel::runtime::ProcessEnv& env,
                                                                          const accel::AcceleratorOptions& o) {
-    return std::make_shared<CountingCommunicator>(accel::backend::Gloo::make_communicator(env, o));
+    return std::make_shared<accel::runtime::CountingCommunicator>(accel::backend::Gloo::make_communicator(env, o));
   }
 };
 
@@ -267,19 +234,20 @@ void accumulate_counts_body() {
   auto net = torch::nn::Linear(8, 2);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
   auto [m, opt] = acc.prepare(net, sgd);
-  std::vector<int> sent;
+  auto& counting = dynamic_cast<accel::runtime::CountingCommunicator&>(acc.communicator());
+  std::vector<int64_t> sent;
   for (int i = 0; i < 8; ++i) {
-    const int before = g_collectives;
+    const int64_t before = counting.collectives();
     {
       auto guard = acc.accumulate(m);
       acc.backward(m(torch::randn({4, 8})).sum());
       opt.step();
       opt.zero_grad();
     }
-    sent.push_back(g_collectives - before);
+    sent.push_back(counting.collectives() - before);
   }
   std::string text;
-  for (int n : sent) text += std::to_string(n) + " ";
+  for (int64_t n : sent) text += std::to_string(n) + " ";
   for (int i : {0, 1, 2, 4, 5, 6}) expect(sent[static_cast<std::size_t>(i)] == 0, "collectives per micro-step: " + text);
   expect(sent[3] > 0 && sent[7] > 0, "no collective on the sync steps: " + text);
 }
