@@ -8428,7 +8428,7 @@ class JoinState {
   static constexpr int64_t kJoined = -1;
 
   JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
-      : comm_(std::move(comm)), models_(std::move(models)) {}
+      : comm_(std::move(comm)), models_(std::move(models)), exchange_(&JoinState::exchange) {}
 
   /// Index of a guarded model (-1: the model is not guarded).
   int64_t model_index(const shard::detail::GradientSync* sync) const {
@@ -8440,12 +8440,12 @@ class JoinState {
 
   /// A rank with data, before the collectives of `action`: every rank must be
   /// about to do the same, or be out of data.
-  void announce(const Action& action) { (void)exchange(encode(action)); }
+  void announce(const Action& action) { (void)exchange_(*this, encode(action)); }
 
   /// A rank out of data: what the ranks with data are about to do, or
   /// nothing once every rank is out of data.
   std::optional<Action> next_action() {
-    const auto v = exchange(kJoined);
+    const auto v = exchange_(*this, kJoined);
     if (v == kJoined) return std::nullopt;
     return decode(v);
   }
@@ -8461,11 +8461,12 @@ class JoinState {
                   (v & 2) != 0};
   }
 
-  int64_t exchange(int64_t mine) {
-    const int world = comm_->size();
-    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
+  static int64_t exchange(JoinState& self, int64_t mine) {
+    auto& comm = *self.comm_;
+    const int world = comm.size();
+    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm.device()));
     auto all = torch::empty({world}, in.options());
-    comm_->all_gather(all, in)->wait();
+    comm.all_gather(all, in)->wait();
     const auto slots = all.cpu();
     const auto* s = slots.data_ptr<int64_t>();
     int64_t running = kJoined;
@@ -8496,6 +8497,12 @@ class JoinState {
 
   std::shared_ptr<runtime::Communicator> comm_;
   std::vector<Model> models_;
+  // exchange, called through a pointer the constructor sets: the prepared
+  // models and optimizers call announce() on every forward and step, and a
+  // direct call would make every translation unit that prepares anything
+  // compile the all-gather and its error message at -O3, though only one
+  // that starts join_uneven_inputs() (ops/join.hpp) builds a JoinState.
+  int64_t (*exchange_)(JoinState&, int64_t);
 };
 
 }  // namespace accel::detail
@@ -8961,7 +8968,10 @@ struct StateRegistry {
   };
 
   std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<detail::Archived> optimizers;
+  /// Their save/load closures are made where a checkpoint is written or
+  /// read (optimizer_states() in detail/state_layout.hpp): a translation unit
+  /// that prepares an optimizer and never saves compiles no serialization.
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<detail::Archived> schedulers;
   std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
   std::vector<Loader> loaders;
@@ -8996,13 +9006,7 @@ struct StateRegistry {
   }
 
   /// opt is kept alive by the registry.
-  template <class O>
-  void add_optimizer(std::shared_ptr<O> opt) {
-    torch::optim::Optimizer* p = opt.get();
-    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
-                          [opt, p](auto& in) { detail::load_optimizer(*p, in); },
-                          detail::optimizer_snapshot(p)});
-  }
+  void add_optimizer(std::shared_ptr<torch::optim::Optimizer> opt) { optimizers.push_back(std::move(opt)); }
 
   template <class S>
   void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {
@@ -9172,6 +9176,13 @@ inline constexpr const char *scale = "scale", *growth_tracker = "growth_tracker"
 
 // --- end of the layout ---
 
+/// The prepared optimizers' save/load closures, in prepare() order.
+inline std::vector<Archived> optimizer_states(const StateRegistry& reg) {
+  std::vector<Archived> out;
+  for (const auto& opt : reg.optimizers) out.push_back(archived(*opt));
+  return out;
+}
+
 /// The state of the prepared models' communication hooks that keep some
 /// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
 /// in prepare order; one file per hook and process.
@@ -9247,7 +9258,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     }
   };
   if (main || reg.optimizer_per_rank)
-    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
+    archive_all(optimizer_states(reg), [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
   archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
     archive_all(reg.schedulers, scheduler_file);
@@ -10023,11 +10034,12 @@ namespace detail {
 /// fail are rolled back on every process, which then all throw.
 inline void apply_state(StateRegistry& reg, ReadState& s) {
   std::exception_ptr err;
-  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
+  const auto optimizers = optimizer_states(reg);  // these outlive tx, which refers to them
+  const auto hooks = comm_hook_states(reg);
   ArchiveTransaction tx;
   try {
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
-      tx.apply(reg.optimizers[i], s.optimizers[i], "optimizer", i);
+    for (std::size_t i = 0; i < optimizers.size(); ++i)
+      tx.apply(optimizers[i], s.optimizers[i], "optimizer", i);
     for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
       tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
     for (std::size_t i = 0; i < reg.custom.size(); ++i)

@@ -173,11 +173,12 @@ namespace detail {
 /// fail are rolled back on every process, which then all throw.
 inline void apply_state(StateRegistry& reg, ReadState& s) {
   std::exception_ptr err;
-  const auto hooks = comm_hook_states(reg);  // outlives tx, which refers to them
+  const auto optimizers = optimizer_states(reg);  // these outlive tx, which refers to them
+  const auto hooks = comm_hook_states(reg);
   ArchiveTransaction tx;
   try {
-    for (std::size_t i = 0; i < reg.optimizers.size(); ++i)
-      tx.apply(reg.optimizers[i], s.optimizers[i], "optimizer", i);
+    for (std::size_t i = 0; i < optimizers.size(); ++i)
+      tx.apply(optimizers[i], s.optimizers[i], "optimizer", i);
     for (std::size_t i = 0; i < reg.schedulers.size(); ++i)
       tx.apply(reg.schedulers[i], s.schedulers[i], "scheduler", i);
     for (std::size_t i = 0; i < reg.custom.size(); ++i)

@@ -205,7 +205,10 @@ struct StateRegistry {
   };
 
   std::vector<std::shared_ptr<torch::nn::Module>> models;
-  std::vector<detail::Archived> optimizers;
+  /// Their save/load closures are made where a checkpoint is written or
+  /// read (optimizer_states() in detail/state_layout.hpp): a translation unit
+  /// that prepares an optimizer and never saves compiles no serialization.
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<detail::Archived> schedulers;
   std::vector<std::shared_ptr<int64_t>> scheduler_seen_steps;  ///< AcceleratedScheduler pacing
   std::vector<Loader> loaders;
@@ -240,13 +243,7 @@ struct StateRegistry {
   }
 
   /// opt is kept alive by the registry.
-  template <class O>
-  void add_optimizer(std::shared_ptr<O> opt) {
-    torch::optim::Optimizer* p = opt.get();
-    optimizers.push_back({[opt, p](auto& out) { detail::save_optimizer(*p, out); },
-                          [opt, p](auto& in) { detail::load_optimizer(*p, in); },
-                          detail::optimizer_snapshot(p)});
-  }
+  void add_optimizer(std::shared_ptr<torch::optim::Optimizer> opt) { optimizers.push_back(std::move(opt)); }
 
   template <class S>
   void add_scheduler(std::shared_ptr<S> sched, std::shared_ptr<int64_t> seen_steps) {

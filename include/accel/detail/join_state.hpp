@@ -47,7 +47,7 @@ class JoinState {
   static constexpr int64_t kJoined = -1;
 
   JoinState(std::shared_ptr<runtime::Communicator> comm, std::vector<Model> models)
-      : comm_(std::move(comm)), models_(std::move(models)) {}
+      : comm_(std::move(comm)), models_(std::move(models)), exchange_(&JoinState::exchange) {}
 
   /// Index of a guarded model (-1: the model is not guarded).
   int64_t model_index(const shard::detail::GradientSync* sync) const {
@@ -59,12 +59,12 @@ class JoinState {
 
   /// A rank with data, before the collectives of `action`: every rank must be
   /// about to do the same, or be out of data.
-  void announce(const Action& action) { (void)exchange(encode(action)); }
+  void announce(const Action& action) { (void)exchange_(*this, encode(action)); }
 
   /// A rank out of data: what the ranks with data are about to do, or
   /// nothing once every rank is out of data.
   std::optional<Action> next_action() {
-    const auto v = exchange(kJoined);
+    const auto v = exchange_(*this, kJoined);
     if (v == kJoined) return std::nullopt;
     return decode(v);
   }
@@ -80,11 +80,12 @@ class JoinState {
                   (v & 2) != 0};
   }
 
-  int64_t exchange(int64_t mine) {
-    const int world = comm_->size();
-    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm_->device()));
+  static int64_t exchange(JoinState& self, int64_t mine) {
+    auto& comm = *self.comm_;
+    const int world = comm.size();
+    auto in = torch::full({1}, mine, torch::dtype(torch::kLong).device(comm.device()));
     auto all = torch::empty({world}, in.options());
-    comm_->all_gather(all, in)->wait();
+    comm.all_gather(all, in)->wait();
     const auto slots = all.cpu();
     const auto* s = slots.data_ptr<int64_t>();
     int64_t running = kJoined;
@@ -115,6 +116,12 @@ class JoinState {
 
   std::shared_ptr<runtime::Communicator> comm_;
   std::vector<Model> models_;
+  // exchange, called through a pointer the constructor sets: the prepared
+  // models and optimizers call announce() on every forward and step, and a
+  // direct call would make every translation unit that prepares anything
+  // compile the all-gather and its error message at -O3, though only one
+  // that starts join_uneven_inputs() (ops/join.hpp) builds a JoinState.
+  int64_t (*exchange_)(JoinState&, int64_t);
 };
 
 }  // namespace accel::detail

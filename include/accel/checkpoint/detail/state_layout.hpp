@@ -153,6 +153,13 @@ inline constexpr const char *scale = "scale", *growth_tracker = "growth_tracker"
 
 // --- end of the layout ---
 
+/// The prepared optimizers' save/load closures, in prepare() order.
+inline std::vector<Archived> optimizer_states(const StateRegistry& reg) {
+  std::vector<Archived> out;
+  for (const auto& opt : reg.optimizers) out.push_back(archived(*opt));
+  return out;
+}
+
 /// The state of the prepared models' communication hooks that keep some
 /// (CommHook::PowerSGD: its step, error feedback and Qs differ per process),
 /// in prepare order; one file per hook and process.
@@ -228,7 +235,7 @@ inline Checksums write_process_files(StateRegistry& reg, const fs::path& stage, 
     }
   };
   if (main || reg.optimizer_per_rank)
-    archive_all(reg.optimizers, [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
+    archive_all(optimizer_states(reg), [&](std::size_t i) { return optimizer_file(i, rank, reg.optimizer_per_rank); });
   archive_all(comm_hook_states(reg), [&](std::size_t i) { return comm_hook_file(i, rank); });
   if (main) {
     archive_all(reg.schedulers, scheduler_file);
