@@ -86,7 +86,9 @@ TEST_CASE("backend policies: Gloo picks the device by local rank and needs no pe
 }
 
 TEST_CASE("backend policies: a backend this machine or build lacks says what to use", "[runtime][backend]") {
-  if (!torch::cuda::is_available())
+  if (torch::cuda::is_available())
+    CHECK(accel::backend::Nccl::device(env_of(1, 2, 1)) == expected_device(1));  // it lacks nothing here
+  else
     CHECK_THROWS_WITH(accel::backend::Nccl::device(env_of(0, 2, 0)),
                       Catch::Matchers::ContainsSubstring("backend::Nccl needs a CUDA device") &&
                           Catch::Matchers::ContainsSubstring("backend::Gloo"));

@@ -20,9 +20,13 @@ TEST_CASE("bf16 autocast: forward in bfloat16, outputs back in float32", "[preci
   CHECK(torch::allclose(y, expected, 2e-2, 2e-2));
 }
 
-TEST_CASE("Fp16 without CUDA is a clear error that suggests Bf16", "[precision][autocast]") {
-  if (torch::cuda::is_available()) return;
+TEST_CASE("Fp16 runs on CUDA, and without CUDA is a clear error that suggests Bf16", "[precision][autocast]") {
   using Fp16Acc = accel::Accelerator<accel::backend::SingleDevice, accel::precision::Fp16>;
+  if (torch::cuda::is_available()) {
+    Fp16Acc acc;
+    CHECK(acc.device().is_cuda());
+    return;
+  }
   CHECK_THROWS_WITH(Fp16Acc(), Catch::Matchers::ContainsSubstring("precision::Fp16 needs a CUDA device") &&
                                    Catch::Matchers::ContainsSubstring("precision::Bf16"));
 }
